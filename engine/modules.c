@@ -1,0 +1,19 @@
+/*
+ * modules.c: the package.preload table, one entry per C module. Lua-side
+ * modules (lua/engine/NAME.lua) are found through package.path.
+ */
+#include "engine.h"
+
+
+
+static const luaL_Reg modules[] = {
+  {"engine.core", luaopen_engine_core},
+
+  {NULL, NULL}
+};
+
+void eng_modules_preload(lua_State *L) {
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  luaL_setfuncs(L, modules, 0);
+  lua_pop(L, 1);
+}

@@ -1,0 +1,94 @@
+-- The command line: engine run | repl | ... Each command is a function that
+-- returns the process exit status.
+local engine = require "engine"
+
+local M = {}
+
+local USAGE = [[
+usage: engine <command> [args]
+
+commands:
+  run FILE.lua [args...]   run a script, or an environment's episodes
+  repl [FILE.lua]          interactive Lua with the engine loaded
+  --help                   this text
+  --version                the engine's version
+]]
+
+local function die(msg, status)
+  io.stderr:write("engine: ", msg, "\n")
+  return status or 2
+end
+
+-- Cancels what a finished script left running and lets its cleanups run.
+local function drain_tasks()
+  if engine.live_tasks() == 0 then return end
+  local t = engine.spawn(function()
+    engine.sleep(0)
+  end)
+  t:join()
+end
+
+-- Exit status after a script task ended: interrupted runs say how.
+local function exit_status(ok, err)
+  local sig = engine.signal()
+  if sig then return 128 + sig end
+  if ok then return 0 end
+  io.stderr:write("engine: ", tostring(err), "\n")
+  return 1
+end
+
+-- engine run FILE [args]: the file runs as a task with `arg` set.
+function M.run_script(path, args)
+  local chunk, err = loadfile(path)
+  if not chunk then return die(err, 1) end
+  local script_arg = { [0] = path }
+  for i, a in ipairs(args) do script_arg[i] = a end
+  _G.arg = script_arg
+  local task = engine.spawn(chunk, table.unpack(args))
+  local ok, res = task:join()
+  drain_tasks()
+  return exit_status(ok, res)
+end
+
+local commands = {}
+
+function commands.run(argv)
+  local path = argv[1]
+  if not path then return die("run: missing FILE.lua") end
+  if path:sub(1, 1) == "-" then return die("run: unknown flag " .. path) end
+  return M.run_script(path, { table.unpack(argv, 2) })
+end
+
+function commands.repl(argv)
+  return require("engine.repl").main(argv)
+end
+
+commands["--help"] = function()
+  io.stdout:write(USAGE)
+  return 0
+end
+commands["-h"] = commands["--help"]
+
+commands["--version"] = function()
+  io.stdout:write("engine ", engine.version, "\n")
+  return 0
+end
+
+-- os.exit closes the Lua state by default, so __gc stops what is still live.
+local real_exit = os.exit
+os.exit = function(code, close)
+  real_exit(code, close ~= false)
+end
+
+function M.main(argv)
+  local name = argv[1]
+  if not name then
+    io.stderr:write(USAGE)
+    return 2
+  end
+  local command = commands[name]
+  if not command then return die("unknown command '" .. name .. "' (see engine --help)") end
+  return command({ table.unpack(argv, 2) })
+end
+
+return M
