@@ -46,11 +46,20 @@ function M.run_script(path, args)
   _G.arg = script_arg
   local task = engine.spawn(chunk, table.unpack(args))
   local ok, res = task:join()
-  drain_tasks()
+  if ok and type(res) == "table" and res.is_env then
+    -- The file defined an environment (env.define): run its episodes.
+    local runner_task = engine.spawn(require("engine.runner").main, res, path, args)
+    ok, res = runner_task:join()
+    drain_tasks()
+    if ok and math.type(res) == "integer" then return res end
+  else
+    drain_tasks()
+  end
   return exit_status(ok, res)
 end
 
 local commands = {}
+local find_command
 
 function commands.run(argv)
   local path = argv[1]
@@ -74,6 +83,18 @@ commands["--version"] = function()
   return 0
 end
 
+-- Commands beyond run and repl live in lua/engine/cmd/NAME.lua, each
+-- returning function(argv) -> exit status.
+find_command = function(name)
+  if not name:match("^[%w_]+$") then return nil end
+  local ok, mod = pcall(require, "engine.cmd." .. name)
+  if ok then return mod end
+  if not tostring(mod):match("module 'engine.cmd." .. name .. "' not found") then
+    error(mod, 0)
+  end
+  return nil
+end
+
 -- os.exit closes the Lua state by default, so __gc stops what is still live.
 local real_exit = os.exit
 os.exit = function(code, close)
@@ -86,7 +107,7 @@ function M.main(argv)
     io.stderr:write(USAGE)
     return 2
   end
-  local command = commands[name]
+  local command = commands[name] or find_command(name)
   if not command then return die("unknown command '" .. name .. "' (see engine --help)") end
   return command({ table.unpack(argv, 2) })
 end
