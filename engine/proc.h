@@ -1,0 +1,61 @@
+/*
+ * proc.h: the engine.Process object, shared by host children (proc.c,
+ * `require "engine.proc"`) and sandboxed children (engine/sandbox/).
+ *
+ * A Process owns up to three pipe fds (stdin write end, stdout and stderr
+ * read ends) and an exit status that arrives later. Where the status comes
+ * from is not its business: host children get it from an ev_child watcher,
+ * sandboxed children from the supervisor's socket. Both report it with
+ * eng_proc_exited(); both kill through eng_proc_ops.kill. All capture,
+ * timeout and truncation logic (p:read, p:wait, p:communicate, ...) lives
+ * once, in proc.c.
+ *
+ * Lua methods on the returned userdata ("engine.Process"):
+ *   p.pid, p:write(s), p:close_stdin(), p:read([n]), p:lines(),
+ *   p:read_stderr([n]), p:wait([timeout]) -> result, p:kill([sig]),
+ *   p:communicate{stdin=, timeout=, max_output=} -> result,
+ *   __gc / __close: kill the group with SIGKILL, close the fds, never block.
+ * result = {code, signal, stdout, stderr, timed_out, truncated, duration
+ *           [, oom = true]}.
+ */
+#ifndef ENGINE_PROC_H
+#define ENGINE_PROC_H
+
+#include <lua.h>
+
+typedef struct eng_proc eng_proc;
+
+typedef struct eng_proc_ops {
+  /* Signal the whole process group of the child; must not block. Called
+   * only while the child has not been reported exited (and again with
+   * SIGKILL from __gc/__close if it is still running). */
+  void (*kill)(void *ctx, int sig);
+  /* The Process is being freed (or no longer needs ctx): forget ctx.
+   * Called exactly once; after it the Process never touches ctx again. */
+  void (*release)(void *ctx);
+} eng_proc_ops;
+
+/* Pushes a new engine.Process (the same userdata type proc.spawn returns)
+ * for an already started child. Takes ownership of the fds (-1 for a
+ * stream that does not exist); they are made non-blocking and
+ * close-on-exec. pid is informational (p.pid). ops and ctx must stay valid
+ * until ops->release(ctx) is called; ops may be NULL.
+ * The returned pointer stays valid until ops->release is called (the
+ * userdata is then being collected): the owner of ctx may call
+ * eng_proc_exited / eng_proc_set_oom with it until then. [-0, +1, m] */
+eng_proc *eng_proc_push(lua_State *L, int pid, int in_fd, int out_fd, int err_fd,
+                        const eng_proc_ops *ops, void *ctx);
+
+/* Reports that the child exited (a waitpid-style status); wakes wait()
+ * and communicate(). Later calls are ignored. Safe to call from a libev
+ * callback: it never runs Lua code directly, it only wakes tasks. */
+void eng_proc_exited(eng_proc *p, int wstatus);
+
+/* Marks the result as killed for running out of memory (the sandbox knows
+ * this from cgroups): the result table then carries oom = true. */
+void eng_proc_set_oom(eng_proc *p);
+
+/* The Lua module (engine.proc): spawn, run. */
+int luaopen_engine_proc(lua_State *L);
+
+#endif
