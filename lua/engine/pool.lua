@@ -1,0 +1,365 @@
+-- engine.pool: keeps sandboxes between episodes by key.
+--
+--   local p = pool.new{ttl = 600, max_idle = 16}
+--   local lease <close> = p:lease(key, spec)   -- lease.sandbox, lease.borrowed
+--
+-- A key is exclusive: a second lease of a held key waits in FIFO order (an
+-- engine.sync mutex per key, so a cancelled waiter leaves the queue). Leaving
+-- the lease's scope normally parks the box idle under its key; leaving by an
+-- error or a cancellation, or after the box was stopped, stops it instead.
+-- Reuse is a cache: a box is handed out again only when its spec is the one
+-- asked for, it is alive and it has been idle less than `ttl`; otherwise the
+-- pool stops it and provisions a fresh one.
+--
+-- Nothing here blocks on release: sb:stop() is non-blocking, so leases can
+-- be released from __close during a cancellation. The pool keeps no global
+-- reference to itself: only its sweeper task (alive while idle boxes exist)
+-- does, and cancelling that task (Ctrl-C, or `engine run` ending) closes the
+-- pool. Whatever is still left is stopped by each sandbox's __gc at exit.
+local engine = require "engine"
+local sync = require "engine.sync"
+
+local M = {}
+
+local Pool = {}
+Pool.__index = Pool
+
+local Lease = {}
+Lease.__index = Lease
+
+local SWEEP_MAX = 30
+
+-- ---- helpers ----------------------------------------------------------------
+
+-- Deep equality of plain values (tables compared by content, cycles cut).
+local function deep_equal(a, b, seen)
+  if a == b then return true end
+  if type(a) ~= "table" or type(b) ~= "table" then return false end
+  seen = seen or {}
+  if seen[a] == b then return true end
+  seen[a] = b
+  for k, v in pairs(a) do
+    if not deep_equal(v, b[k], seen) then return false end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false end
+  end
+  return true
+end
+M.deep_equal = deep_equal
+
+-- A deep copy of plain values, so a caller mutating its spec afterwards
+-- cannot make a drifted box look current.
+local function deep_copy(v, seen)
+  if type(v) ~= "table" then return v end
+  seen = seen or {}
+  if seen[v] then return seen[v] end
+  local c = {}
+  seen[v] = c
+  for k, x in pairs(v) do c[deep_copy(k, seen)] = deep_copy(x, seen) end
+  return c
+end
+
+-- Never raises: a box whose provider misbehaves on alive() counts as dead.
+local function is_alive(sb)
+  local ok, alive = pcall(sb.alive, sb)
+  return ok and alive == true
+end
+
+local function default_create(spec)
+  return require("engine.sandbox").new(spec)
+end
+
+-- ---- pool -------------------------------------------------------------------
+
+-- pool.new{ttl = 600, max_idle = 16, create = fn} -> p. `create(spec) ->
+-- sb | nil, err` defaults to engine.sandbox.new (a provider may plug in its own).
+function M.new(opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then error("pool.new: options must be a table", 2) end
+  local ttl, max_idle = opts.ttl or 600, opts.max_idle or 16
+  if type(ttl) ~= "number" or ttl <= 0 then error("pool.new: ttl must be a positive number", 2) end
+  if math.type(max_idle) ~= "integer" or max_idle < 0 then
+    error("pool.new: max_idle must be a non-negative integer", 2)
+  end
+  if opts.create ~= nil and type(opts.create) ~= "function" then
+    error("pool.new: create must be a function", 2)
+  end
+  return setmetatable({
+    ttl = ttl, max_idle = max_idle, create = opts.create or default_create,
+    slots = {},        -- key -> {mutex, holder, waiting, discard, lease}
+    idle = {},         -- key -> entry parked idle
+    n_idle = 0, n_live = 0, n_created = 0, n_reused = 0,
+    seconds = 0,       -- sandbox-seconds of boxes already stopped
+    boxes = setmetatable({}, { __mode = "k" }),   -- entry -> true while running
+    closed = false,
+  }, Pool)
+end
+
+-- The key's slot, created on first use.
+function Pool:_slot(key)
+  local s = self.slots[key]
+  if not s then
+    s = { mutex = sync.mutex(), holder = nil, waiting = 0, discard = false }
+    self.slots[key] = s
+  end
+  return s
+end
+
+-- Forgets a slot nobody holds, waits for, or parks a box under.
+function Pool:_drop_slot(key)
+  local s = self.slots[key]
+  if s and not s.holder and s.waiting == 0 and not self.idle[key] then
+    self.slots[key] = nil
+  end
+end
+
+-- Stops an entry's box once and books its sandbox-seconds. Never raises.
+function Pool:_stop(entry)
+  if entry.stopped then return end
+  entry.stopped = true
+  self.boxes[entry] = nil
+  self.seconds = self.seconds + (engine.monotonic() - entry.started)
+  pcall(entry.sb.stop, entry.sb)
+end
+
+-- Takes the key's idle entry off the idle set (it is not stopped).
+function Pool:_unpark(key)
+  local e = self.idle[key]
+  if e then
+    self.idle[key] = nil
+    self.n_idle = self.n_idle - 1
+  end
+  return e
+end
+
+-- Whether an idle entry may serve a lease for `spec` right now.
+function Pool:_reusable(e, spec)
+  if e.stopped or engine.monotonic() - e.idle_since >= self.ttl then return false end
+  if not deep_equal(e.want, spec) then return false end
+  if e.resolved ~= nil and not deep_equal(e.resolved, e.sb.info and e.sb.info.spec) then
+    return false
+  end
+  return is_alive(e.sb)
+end
+
+-- Provisions a fresh box. Returns entry, or nil, err.
+function Pool:_create(key, spec)
+  local started = engine.monotonic()
+  local sb, err = self.create(deep_copy(spec))
+  if not sb then return nil, err or "sandbox creation failed" end
+  local info = sb.info
+  local e = {
+    key = key, sb = sb, want = deep_copy(spec), started = started,
+    resolved = info and info.spec ~= nil and deep_copy(info.spec) or nil,
+  }
+  self.boxes[e] = true
+  self.n_created = self.n_created + 1
+  return e
+end
+
+-- Waits (FIFO) until this task holds the key. Returns true, or nil, "timeout".
+function Pool:_acquire(slot, timeout)
+  slot.waiting = slot.waiting + 1
+  local ok, got, err
+  if timeout then
+    ok, got, err = pcall(sync.with_timeout, timeout, function()
+      slot.mutex:lock()
+      return true
+    end)
+  else
+    ok, got = pcall(slot.mutex.lock, slot.mutex)
+    got = ok or got
+  end
+  slot.waiting = slot.waiting - 1
+  if not ok then error(got, 0) end
+  return got, err
+end
+
+-- p:lease(key, spec, {timeout = s}) -> lease, or nil, err ("closed",
+-- "timeout" waiting for the key, or the provider's creation error). To-be-
+-- closed. Leasing a key this task already holds raises (it would deadlock).
+function Pool:lease(key, spec, opts)
+  local kt = type(key)
+  if kt ~= "string" and kt ~= "number" then error("pool:lease: key must be a string or number", 2) end
+  if spec ~= nil and type(spec) ~= "table" then error("pool:lease: spec must be a table", 2) end
+  spec = spec or {}
+  if self.closed then return nil, "closed" end
+  local slot, me = self:_slot(key), engine.current()
+  if slot.holder ~= nil and slot.holder == (me or "main") then
+    error("pool:lease: key '" .. tostring(key) .. "' is already leased by this task", 2)
+  end
+  local got, err = self:_acquire(slot, opts and opts.timeout)
+  if not got then self:_drop_slot(key) return nil, err end
+  slot.holder = me or "main"
+  local ok, lease, lerr = pcall(self._open, self, key, slot, spec)
+  if ok and lease then return lease end
+  slot.holder = nil
+  slot.mutex:unlock()
+  self:_drop_slot(key)
+  if not ok then error(lease, 0) end
+  return nil, lerr
+end
+
+-- With the key held: reuses the idle box or provisions one; builds the lease.
+function Pool:_open(key, slot, spec)
+  if self.closed then return nil, "closed" end
+  local e, borrowed = self:_unpark(key), false
+  if e and self:_reusable(e, spec) then
+    borrowed = true
+    self.n_reused = self.n_reused + 1
+  else
+    if e then self:_stop(e) end
+    local err
+    e, err = self:_create(key, spec)
+    if not e then return nil, err end
+  end
+  slot.discard = false
+  self.n_live = self.n_live + 1
+  local lease = setmetatable({
+    sandbox = e.sb, borrowed = borrowed, key = key, id = e.sb.id,
+    pool = self, _entry = e, _slot = slot,
+  }, Lease)
+  slot.lease = lease
+  return lease
+end
+
+-- Parks an entry idle under its key; past max_idle, stops the oldest idle box
+-- (preferring keys nobody is waiting for).
+function Pool:_park(e)
+  e.idle_since = engine.monotonic()
+  self.idle[e.key] = e
+  self.n_idle = self.n_idle + 1
+  while self.n_idle > self.max_idle do self:_evict_oldest() end
+  self:_ensure_sweeper()
+end
+
+function Pool:_evict_oldest()
+  local best, best_waited
+  for key, e in pairs(self.idle) do
+    local s = self.slots[key]
+    local waited = s ~= nil and s.waiting > 0
+    if not best or (best_waited and not waited)
+       or (waited == best_waited and e.idle_since < best.idle_since) then
+      best, best_waited = e, waited
+    end
+  end
+  self:_stop(self:_unpark(best.key))
+end
+
+-- Ends a lease: parks or stops its box, then passes the key on. Never blocks.
+function Pool:_release(lease, healthy)
+  local e, slot = lease._entry, lease._slot
+  self.n_live = self.n_live - 1
+  slot.lease = nil
+  if healthy and not self.closed and not slot.discard and not e.stopped
+     and is_alive(e.sb) then
+    self:_park(e)
+  else
+    self:_stop(e)
+  end
+  slot.discard = false
+  slot.holder = nil
+  slot.mutex:unlock()
+  self:_drop_slot(lease.key)
+end
+
+-- p:discard(key): stops the key's idle box now, or its leased box as soon as
+-- the lease ends. Idempotent; unknown keys are fine.
+function Pool:discard(key)
+  local e = self:_unpark(key)
+  if e then self:_stop(e) end
+  local s = self.slots[key]
+  if s and s.lease then s.discard = true end
+  self:_drop_slot(key)
+end
+
+-- p:retire_idle() -> n: stops every idle box at once; live leases keep theirs.
+function Pool:retire_idle()
+  local keys = {}
+  for key in pairs(self.idle) do keys[#keys + 1] = key end
+  for _, key in ipairs(keys) do
+    self:_stop(self:_unpark(key))
+    self:_drop_slot(key)
+  end
+  return #keys
+end
+
+-- p:close(): stops every idle box now and every leased box when its lease
+-- ends; later leases return nil, "closed". Idempotent, never blocks.
+function Pool:close()
+  if self.closed then return end
+  self.closed = true
+  self:retire_idle()
+  local sweeper = self.sweeper
+  self.sweeper = nil
+  if sweeper and sweeper ~= engine.current() then sweeper:cancel() end
+end
+
+-- p:usage() -> {created, reused, live, idle, seconds}
+function Pool:usage()
+  local now, seconds = engine.monotonic(), self.seconds
+  for e in pairs(self.boxes) do seconds = seconds + (now - e.started) end
+  return {
+    created = self.n_created, reused = self.n_reused,
+    live = self.n_live, idle = self.n_idle, seconds = seconds,
+  }
+end
+
+-- Stops idle boxes that have been idle for ttl or longer. Returns how many.
+function Pool:sweep()
+  local now, expired = engine.monotonic(), {}
+  for key, e in pairs(self.idle) do
+    if now - e.idle_since >= self.ttl then expired[#expired + 1] = key end
+  end
+  for _, key in ipairs(expired) do
+    self:_stop(self:_unpark(key))
+    self:_drop_slot(key)
+  end
+  return #expired
+end
+
+-- The sweeper runs while idle boxes exist, waking every min(ttl/4, 30) s. A
+-- cancellation (Ctrl-C, `engine run` ending) closes the pool and ends it
+-- cleanly as "cancelled".
+local function sweeper_main(self)
+  local period = math.min(self.ttl / 4, SWEEP_MAX)
+  local ok, err = pcall(function()
+    while not self.closed and self.n_idle > 0 do
+      engine.sleep(period)
+      self:sweep()
+    end
+  end)
+  if self.sweeper == engine.current() then self.sweeper = nil end
+  if not ok then
+    if engine.is_cancel(err) then self:close() end
+    error(err, 0)
+  end
+end
+
+function Pool:_ensure_sweeper()
+  if self.sweeper or self.closed then return end
+  self.sweeper = engine.spawn(sweeper_main, self)
+end
+
+Pool.__close = function(self) self:close() end
+Pool.__gc = function(self) pcall(self.close, self) end
+
+-- ---- lease ------------------------------------------------------------------
+
+-- lease:release{healthy = false}: ends the lease now; unhealthy stops the box
+-- instead of parking it. Idempotent.
+function Lease:release(opts)
+  if self.released then return end
+  self.released = true
+  self.pool:_release(self, not (opts and opts.healthy == false))
+end
+
+-- Leaving the scope by an error or cancellation stops the box.
+Lease.__close = function(self, err)
+  if self.released then return end
+  self.released = true
+  self.pool:_release(self, err == nil)
+end
+
+return M

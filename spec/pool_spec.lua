@@ -1,0 +1,375 @@
+local engine = require "engine"
+local sync = require "engine.sync"
+local pool = require "engine.pool"
+
+-- DEV stand-in provider (to be replaced by engine.sandbox)
+local fake = {}
+do
+  local n = 0
+  local Box = {}
+  Box.__index = Box
+  function fake.new(spec)
+    if spec.fail then return nil, "boom" end
+    engine.sleep(0.01)
+    n = n + 1
+    local resolved = { image = spec.image or "host", workdir = spec.workdir or "/", network = spec.network or "none", env = spec.env or {} }
+    return setmetatable({ id = "fake-" .. n, info = { spec = resolved }, files = {}, up = true,
+      lock = sync.mutex() }, Box)
+  end
+  function Box:alive() return self.up end
+  function Box:stop() self.up = false end
+  function Box:write(p, d) self.files[p] = d end
+  function Box:read(p) return self.files[p] end
+  function Box:exec() engine.sleep(0.05) return { code = 0 } end
+  function Box:borrow()
+    if self.info.spec.network == "none" or self.info.spec.network == "host" then
+      return setmetatable({}, { __close = function() end })
+    end
+    return self.lock:guard()
+  end
+end
+
+local function new_pool(o)
+  o = o or {}
+  o.create = fake.new
+  return pool.new(o)
+end
+local RESTRICTED = { network = { allow = { "127.0.0.1" } } }
+
+-- Leases key in a task of its own and releases when `go` is set (or at once).
+local function lease_in_task(p, key, spec, log, go)
+  return engine.spawn(function()
+    local l <close> = assert(p:lease(key, spec))
+    log[#log + 1] = l
+    if go then go:wait() end
+  end)
+end
+
+describe("engine.pool", function()
+  local p
+  local boxes   -- every sandbox a spec saw, checked stopped after each spec
+
+  local function track(l)
+    boxes[#boxes + 1] = l.sandbox
+    return l
+  end
+
+  before_each(function() boxes = {} end)
+  after_each(function()
+    if p then p:close() end
+    for _, sb in ipairs(boxes) do
+      assert.is_false(sb:alive(), "a box outlived its pool: " .. tostring(sb.id))
+    end
+    p = nil
+  end)
+
+  it("gives the same box back for the same key, files kept", function()
+    p = new_pool()
+    local id
+    do
+      local l <close> = track(assert(p:lease("a", { image = "host" })))
+      assert.is_false(l.borrowed)
+      l.sandbox:write("/tmp/mark", "turn 1")
+      id = l.sandbox.id
+    end
+    do
+      local l <close> = track(assert(p:lease("a", { image = "host" })))
+      assert.is_true(l.borrowed)
+      assert.equal(id, l.sandbox.id)
+      assert.equal(id, l.id)
+      assert.equal("turn 1", l.sandbox:read("/tmp/mark"))
+    end
+    local u = p:usage()
+    assert.same({ 1, 1, 0, 1 }, { u.created, u.reused, u.live, u.idle })
+  end)
+
+  it("gives distinct keys distinct boxes", function()
+    p = new_pool()
+    local a <close> = track(assert(p:lease("a")))
+    local b <close> = track(assert(p:lease("b")))
+    assert.are_not.equal(a.sandbox.id, b.sandbox.id)
+    assert.equal(2, p:usage().live)
+  end)
+
+  it("replaces a box whose spec drifted and stops the old one", function()
+    p = new_pool()
+    local old
+    do local l <close> = track(assert(p:lease("a", { env = { X = "1" } }))); old = l.sandbox end
+    local l <close> = track(assert(p:lease("a", { env = { X = "2" } })))
+    assert.is_false(l.borrowed)
+    assert.are_not.equal(old.id, l.sandbox.id)
+    assert.is_false(old:alive())
+  end)
+
+  it("does not see drift when the caller mutates its spec table afterwards", function()
+    p = new_pool()
+    local spec = { env = { X = "1" } }
+    do local _ <close> = track(assert(p:lease("a", spec))) end
+    spec.env.X = "2"
+    local l <close> = track(assert(p:lease("a", spec)))
+    assert.is_false(l.borrowed)
+  end)
+
+  it("replaces a box idle for ttl or longer", function()
+    p = new_pool({ ttl = 0.2 })
+    local old
+    do local l <close> = track(assert(p:lease("a"))); old = l.sandbox end
+    engine.sleep(0.3)
+    local l <close> = track(assert(p:lease("a")))
+    assert.is_false(l.borrowed)
+    assert.are_not.equal(old.id, l.sandbox.id)
+    assert.is_false(old:alive())
+  end)
+
+  it("replaces a box that is no longer alive", function()
+    p = new_pool()
+    local old
+    do local l <close> = track(assert(p:lease("a"))); old = l.sandbox end
+    old:stop()
+    local l <close> = track(assert(p:lease("a")))
+    assert.is_false(l.borrowed)
+    assert.are_not.equal(old.id, l.sandbox.id)
+    assert.equal(2, p:usage().created)
+  end)
+
+  it("sweeps an idle box past ttl, then its sweeper ends", function()
+    p = new_pool({ ttl = 0.2 })
+    local old
+    do local l <close> = track(assert(p:lease("a"))); old = l.sandbox end
+    assert.equal(1, p:usage().idle)
+    local sweeper = p.sweeper
+    assert.is_not_nil(sweeper)
+    engine.sleep(0.5)
+    assert.is_false(old:alive())
+    assert.equal(0, p:usage().idle)
+    assert.equal("done", sweeper:status())
+    assert.is_nil(p.sweeper)
+  end)
+
+  it("stops the box when an error leaves the lease", function()
+    p = new_pool()
+    local sb
+    local ok, err = engine.spawn(function()
+      local l <close> = track(assert(p:lease("a")))
+      sb = l.sandbox
+      error("agent blew up")
+    end):join()
+    assert.is_false(ok)
+    assert.matches("agent blew up", err)
+    assert.is_false(sb:alive())
+    local u = p:usage()
+    assert.same({ 0, 0 }, { u.live, u.idle })
+    local l <close> = track(assert(p:lease("a")))
+    assert.is_false(l.borrowed)
+  end)
+
+  it("stops the box when the leasing task is cancelled", function()
+    p = new_pool()
+    local log = {}
+    local t = lease_in_task(p, "a", nil, log, sync.event())
+    engine.sleep(0.05)
+    track(log[1])
+    t:cancel()
+    local ok, err = t:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    assert.is_false(log[1].sandbox:alive())
+    assert.equal(0, p:usage().idle)
+  end)
+
+  it("does not keep a box the caller stopped inside the lease", function()
+    p = new_pool()
+    local sb
+    do
+      local l <close> = track(assert(p:lease("a")))
+      sb = l.sandbox
+      sb:stop()
+    end
+    assert.equal(0, p:usage().idle)
+    local l <close> = track(assert(p:lease("a")))
+    assert.is_false(l.borrowed)
+    assert.are_not.equal(sb.id, l.sandbox.id)
+  end)
+
+  it("release{healthy = false} stops instead of parking; release is idempotent", function()
+    p = new_pool()
+    local l = track(assert(p:lease("a")))
+    l:release { healthy = false }
+    l:release()
+    assert.is_false(l.sandbox:alive())
+    assert.same({ 0, 0 }, { p:usage().live, p:usage().idle })
+    local l2 <close> = track(assert(p:lease("a")))
+    assert.is_false(l2.borrowed)
+  end)
+
+  it("discard stops an idle box, a leased one when its lease ends, and is idempotent", function()
+    p = new_pool()
+    local idle
+    do local l <close> = track(assert(p:lease("a"))); idle = l.sandbox end
+    p:discard("a")
+    assert.is_false(idle:alive())
+    p:discard("a")
+    p:discard("never-seen")
+    assert.equal(0, p:usage().idle)
+    local live = track(assert(p:lease("b")))
+    p:discard("b")
+    p:discard("b")
+    assert.is_true(live.sandbox:alive())
+    live:release()
+    assert.is_false(live.sandbox:alive())
+    local l <close> = track(assert(p:lease("b")))
+    assert.is_false(l.borrowed)
+  end)
+
+  it("discard during a lease applies to that lease only", function()
+    p = new_pool()
+    do local l <close> = track(assert(p:lease("a"))); p:discard("a") end
+    do local l <close> = track(assert(p:lease("a"))) end
+    local l <close> = track(assert(p:lease("a")))
+    assert.is_true(l.borrowed)
+  end)
+
+  it("close stops idle boxes, a release after close stops, and leases then fail", function()
+    p = new_pool()
+    local idle
+    do local l <close> = track(assert(p:lease("a"))); idle = l.sandbox end
+    local live = track(assert(p:lease("b")))
+    p:close()
+    p:close()
+    assert.is_false(idle:alive())
+    assert.is_true(live.sandbox:alive())
+    live:release()
+    assert.is_false(live.sandbox:alive())
+    assert.same({ nil, "closed" }, { p:lease("c") })
+    assert.same({ 0, 0 }, { p:usage().live, p:usage().idle })
+  end)
+
+  it("is to-be-closed itself", function()
+    local sb
+    do
+      local q <close> = new_pool()
+      local l <close> = track(assert(q:lease("a")))
+      sb = l.sandbox
+    end
+    assert.is_false(sb:alive())
+  end)
+
+  it("retire_idle stops every idle box and leaves live leases alone", function()
+    p = new_pool()
+    for _, k in ipairs { "a", "b", "c" } do
+      local l <close> = track(assert(p:lease(k)))
+    end
+    local live <close> = track(assert(p:lease("d")))
+    assert.equal(3, p:retire_idle())
+    assert.equal(0, p:retire_idle())
+    assert.is_true(live.sandbox:alive())
+    for i = 1, 3 do assert.is_false(boxes[i]:alive()) end
+    assert.same({ 1, 0 }, { p:usage().live, p:usage().idle })
+  end)
+
+  it("past max_idle stops the oldest idle box", function()
+    p = new_pool({ max_idle = 1 })
+    do local _ <close> = track(assert(p:lease("a"))) end
+    engine.sleep(0.01)
+    do local _ <close> = track(assert(p:lease("b"))) end
+    assert.is_false(boxes[1]:alive())
+    assert.is_true(boxes[2]:alive())
+    assert.equal(1, p:usage().idle)
+    local l <close> = track(assert(p:lease("b")))
+    assert.is_true(l.borrowed)
+  end)
+
+  it("serialises leases of one key in FIFO order, one box at a time", function()
+    p = new_pool()
+    local first = track(assert(p:lease("k")))
+    local order, tasks, holders = {}, {}, 0
+    for i = 1, 4 do
+      tasks[i] = engine.spawn(function()
+        local l <close> = assert(p:lease("k"))
+        holders = holders + 1
+        assert.equal(1, holders)
+        order[#order + 1] = i
+        assert.equal(first.sandbox.id, l.sandbox.id)
+        engine.sleep(0.01)
+        holders = holders - 1
+      end)
+      engine.sleep(0)
+    end
+    engine.sleep(0.05)
+    assert.same({}, order)
+    first:release()
+    for i = 1, 4 do assert(tasks[i]:join()) end
+    assert.same({ 1, 2, 3, 4 }, order)
+    assert.same({ 1, 4 }, { p:usage().created, p:usage().reused })
+  end)
+
+  it("raises at once when a task leases a key it already holds", function()
+    p = new_pool()
+    local ok, err = engine.spawn(function()
+      local l <close> = track(assert(p:lease("k")))
+      p:lease("k")
+    end):join()
+    assert.is_false(ok)
+    assert.matches("already leased by this task", err)
+    assert.equal(0, p:usage().live)
+    local l <close> = track(assert(p:lease("k")))
+  end)
+
+  it("removes a cancelled waiter from the key's queue", function()
+    p = new_pool()
+    local held = track(assert(p:lease("k")))
+    local got = {}
+    local a = engine.spawn(function()
+      local l <close> = assert(p:lease("k")); got[#got + 1] = "a"
+    end)
+    local b = engine.spawn(function()
+      local l <close> = assert(p:lease("k")); got[#got + 1] = "b"; return l.borrowed
+    end)
+    engine.sleep(0.02)
+    assert.equal(2, p.slots.k.waiting)
+    a:cancel()
+    local ok, err = a:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    assert.equal(1, p.slots.k.waiting)
+    held:release()
+    assert.same({ true, true }, { b:join() })
+    assert.same({ "b" }, got)
+    assert.equal(0, p:usage().live)
+  end)
+
+  it("gives up waiting for a key after the timeout", function()
+    p = new_pool()
+    local held <close> = track(assert(p:lease("k")))
+    local r = { engine.spawn(function() return p:lease("k", nil, { timeout = 0.05 }) end):join() }
+    assert.same({ true, nil, "timeout" }, r)
+    assert.equal(0, p.slots.k.waiting)
+  end)
+
+  it("returns the provider's error when creation fails and frees the key", function()
+    p = new_pool()
+    assert.same({ nil, "boom" }, { p:lease("k", { fail = true }) })
+    assert.is_nil(p.slots.k)
+    local l <close> = track(assert(p:lease("k")))
+    assert.equal(1, p:usage().created)
+  end)
+
+  it("raises on misuse", function()
+    p = new_pool()
+    assert.has_error(function() p:lease({}) end)
+    assert.has_error(function() p:lease("k", "host") end)
+    assert.has_error(function() pool.new { ttl = -1 } end)
+    assert.has_error(function() pool.new { max_idle = 1.5 } end)
+  end)
+
+  it("meters sandbox-seconds", function()
+    p = new_pool()
+    do local _ <close> = track(assert(p:lease("a"))); engine.sleep(0.1) end
+    local s1 = p:usage().seconds
+    assert.is_true(s1 >= 0.09 and s1 < 5, "seconds " .. s1)
+    p:close()
+    local s2 = p:usage().seconds
+    engine.sleep(0.05)
+    assert.equal(s2, p:usage().seconds)
+  end)
+end)
