@@ -372,4 +372,82 @@ describe("engine.pool", function()
     engine.sleep(0.05)
     assert.equal(s2, p:usage().seconds)
   end)
+
+  describe("at engine exit", function()
+    -- The engine binary running this spec.
+    local function engine_bin()
+      local f = io.popen("readlink /proc/$PPID/exe")
+      local path = f:read("l")
+      f:close()
+      return path
+    end
+
+    -- Runs `engine run` on a script in the background; `interrupt` sends SIGINT
+    -- after `after` seconds. Returns exit status, stderr, and the script's marker file.
+    local function run_script(body, interrupt)
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir -p " .. dir))
+      local f = assert(io.open(dir .. "/s.lua", "w"))
+      f:write(body)
+      f:close()
+      local cmd = string.format(
+        "cd %s && timeout 20 %s run s.lua 2>err & pid=$!; %s wait $pid; echo $?",
+        dir, engine_bin(),
+        interrupt and ("sleep " .. interrupt .. "; kill -INT $pid;") or "")
+      local p = io.popen(cmd)
+      local status = tonumber(p:read("a"):match("(%d+)%s*$"))
+      p:close()
+      local function slurp(name)
+        local h = io.open(dir .. "/" .. name)
+        if not h then return nil end
+        local d = h:read("a")
+        h:close()
+        return d
+      end
+      local err, marker = slurp("err"), slurp("marker")
+      os.execute("rm -rf " .. dir)
+      return status, err, marker
+    end
+
+    local SCRIPT = [[
+local engine = require "engine"
+local pool = require "engine.pool"
+local Box = {}
+Box.__index = Box
+function Box:alive() return not self.stopped end
+function Box:stop()
+  if self.stopped then return end
+  self.stopped = true
+  local f = io.open("marker", "a"); f:write("stopped ", self.id, "\n"); f:close()
+end
+local n = 0
+local p = pool.new { ttl = 600, create = function(spec)
+  n = n + 1
+  return setmetatable({ id = "b" .. n, info = { spec = spec } }, Box)
+end }
+do local _ <close> = assert(p:lease("a")) end
+do local _ <close> = assert(p:lease("b")) end
+io.stdout:write("parked\n")
+%s
+]]
+
+    it("ends `engine run` promptly and stops idle boxes when the script ends", function()
+      local t0 = engine.monotonic()
+      local status, err, marker = run_script(SCRIPT:format(""))
+      assert.equal(0, status)
+      assert.equal("", err)
+      assert.matches("stopped b1\n", marker)
+      assert.matches("stopped b2\n", marker)
+      assert.is_true(engine.monotonic() - t0 < 10)
+    end)
+
+    it("stops idle boxes on Ctrl-C", function()
+      local status, err, marker = run_script(SCRIPT:format("engine.sleep(60)"), 1)
+      assert.equal(128 + 2, status)
+      assert.matches("stopped b1\n", marker)
+      assert.matches("stopped b2\n", marker)
+      assert.not_matches("failed", err)
+    end)
+  end)
 end)
