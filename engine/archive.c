@@ -1,0 +1,671 @@
+/*
+ * archive.c: engine.archive, the file-system work behind sandbox images.
+ *
+ * Tar layers are read with libarchive: extract() applies one layer tar (any
+ * compression) into a layer directory, turning Docker/OCI whiteouts into
+ * what overlayfs reads from a lower layer (`.wh.NAME` becomes a 0:0 char
+ * device, `.wh..wh..opq` the `trusted.overlay.opaque=y` xattr on its dir).
+ * copy() copies a file or tree (modes, owners, symlinks, xattrs) with
+ * libarchive's disk reader and writer.
+ *
+ * Hashes are sha256 computed by libarchive's mtree writer (its `sha256`
+ * keyword), so no crypto library is linked beside libarchive.
+ *
+ * The rest are the few POSIX calls the image store needs that plain Lua
+ * lacks: lstat, readdir, mkdir, chown/chmod, recursive remove, disk usage,
+ * xattrs, mkdtemp, realpath, and a non-blocking flock() lock object.
+ *
+ * All calls are synchronous: they do disk work and return.
+ */
+#include "engine.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/xattr.h>
+#include <dirent.h>
+#include <unistd.h>
+
+#define LOCK_MT "engine.FileLock"
+#define OPAQUE_XATTR "trusted.overlay.opaque"
+#define WRITE_FLAGS (ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_PERM | \
+  ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_XATTR | ARCHIVE_EXTRACT_ACL | \
+  ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_SYMLINKS)
+
+/* Writes a, "/" (when b is not empty) and b into out. Returns 0, or -1
+ * with errno ENAMETOOLONG when it does not fit. */
+static int join_path(char *out, size_t cap, const char *a, const char *b) {
+  int n = snprintf(out, cap, "%s%s%s", a, *b ? "/" : "", b);
+  if (n < 0 || (size_t)n >= cap) { errno = ENAMETOOLONG; return -1; }
+  return 0;
+}
+
+/* Pushes nil and "what: strerror(errno)". Returns 2. [-0, +2, m] */
+static int fail_errno(lua_State *L, const char *what) {
+  lua_pushnil(L);
+  lua_pushfstring(L, "%s: %s", what, strerror(errno));
+  return 2;
+}
+
+/* ---- sha256 through the mtree writer ------------------------------------ */
+
+typedef struct hasher {
+  struct archive *a;
+  char out[512];
+  size_t used;
+} hasher;
+
+/* Starts digesting one entry of `size` bytes. Returns 0 or -1. */
+static int hasher_begin(hasher *h, int64_t size) {
+  struct archive_entry *e = archive_entry_new();
+  int ok;
+  h->used = 0;
+  h->a = archive_write_new();
+  ok = archive_write_set_format_mtree(h->a) == ARCHIVE_OK &&
+    archive_write_set_options(h->a, "!all,sha256") == ARCHIVE_OK &&
+    archive_write_open_memory(h->a, h->out, sizeof h->out - 1, &h->used) == ARCHIVE_OK;
+  archive_entry_set_pathname(e, "x");
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_perm(e, 0644);
+  archive_entry_set_size(e, size);
+  ok = ok && archive_write_header(h->a, e) == ARCHIVE_OK;
+  archive_entry_free(e);
+  if (!ok) archive_write_free(h->a);
+  return ok ? 0 : -1;
+}
+
+/* Ends the entry and writes the 64 hex digits and a NUL into hex.
+ * Returns 0 or -1; frees the writer either way. */
+static int hasher_end(hasher *h, char hex[65]) {
+  const char *p;
+  archive_write_finish_entry(h->a);
+  archive_write_close(h->a);
+  archive_write_free(h->a);
+  h->out[h->used] = 0;
+  p = strstr(h->out, "sha256digest=");
+  if (!p || strlen(p) < 13 + 64) return -1;
+  memcpy(hex, p + 13, 64);
+  hex[64] = 0;
+  return 0;
+}
+
+/* archive.sha256(data) -> hex */
+static int l_sha256(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  hasher h;
+  char hex[65];
+  if (hasher_begin(&h, (int64_t)n) < 0) return eng_fail(L, "sha256 unavailable");
+  if (n) archive_write_data(h.a, s, n);
+  if (hasher_end(&h, hex) < 0) return eng_fail(L, "sha256 unavailable");
+  lua_pushstring(L, hex);
+  return 1;
+}
+
+/* Feeds fd's first `size` bytes to h. Returns 0 or -1 (errno set). */
+static int hash_fd(hasher *h, int fd, int64_t size) {
+  char buf[65536];
+  while (size > 0) {
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    if (r > size) r = (ssize_t)size;
+    archive_write_data(h->a, buf, (size_t)r);
+    size -= r;
+  }
+  return size > 0 ? (errno = EIO, -1) : 0;
+}
+
+/* archive.digest_file(path) -> hex sha256 of the file's contents */
+static int l_digest_file(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct stat st;
+  hasher h;
+  char hex[65];
+  int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
+  if (fd < 0) return fail_errno(L, path);
+  if (fstat(fd, &st) < 0 || hasher_begin(&h, st.st_size) < 0) {
+    close(fd);
+    return fail_errno(L, path);
+  }
+  rc = hash_fd(&h, fd, st.st_size);
+  close(fd);
+  if (hasher_end(&h, hex) < 0 || rc < 0) return fail_errno(L, path);
+  lua_pushstring(L, hex);
+  return 1;
+}
+
+/* ---- applying tar layers ------------------------------------------------ */
+
+typedef struct extract_opts {
+  const char *dest;          /* realpath of the target directory */
+  int whiteouts;             /* convert .wh. entries for overlayfs */
+  int64_t uid, gid;          /* -1: keep the archive's owners */
+  int count;
+} extract_opts;
+
+/* Writes a cleaned relative form of an archive path into out: no leading
+ * "/" or "./", no "." parts. Returns -1 on a ".." part or overflow. */
+static int clean_path(const char *in, char *out, size_t cap) {
+  size_t n = 0;
+  while (*in) {
+    const char *end = strchr(in, '/');
+    size_t len = end ? (size_t)(end - in) : strlen(in);
+    if (len == 2 && in[0] == '.' && in[1] == '.') return -1;
+    if (len && !(len == 1 && in[0] == '.')) {
+      if (n + len + 2 > cap) return -1;
+      if (n) out[n++] = '/';
+      memcpy(out + n, in, len);
+      n += len;
+    }
+    in += len + (end ? 1 : 0);
+  }
+  out[n] = 0;
+  return 0;
+}
+
+/* mkdir -p for the parents of path (mode 0755). Returns 0 or -1. */
+static int make_parents(char *path) {
+  char *slash = strrchr(path, '/');
+  struct stat st;
+  int rc;
+  if (!slash || slash == path) return 0;
+  *slash = 0;
+  rc = 0;
+  if (lstat(path, &st) < 0) {
+    rc = make_parents(path);
+    if (rc == 0 && mkdir(path, 0755) < 0 && errno != EEXIST) rc = -1;
+  }
+  *slash = '/';
+  return rc;
+}
+
+/* Removes path whatever it is (a tree too). Returns 0 or -1. */
+static int remove_tree(const char *path);
+
+/* Applies a whiteout entry `rel` (cleaned, base starting ".wh."). */
+static int apply_whiteout(const extract_opts *o, const char *rel, struct archive *in) {
+  char target[PATH_MAX];
+  const char *base = strrchr(rel, '/');
+  size_t dirlen = base ? (size_t)(base - rel) : 0;
+  base = base ? base + 1 : rel;
+  if (strcmp(base, ".wh..wh..opq") == 0) {
+    int n = snprintf(target, sizeof target, "%s/%.*s/x", o->dest, (int)dirlen, rel);
+    if (n < 0 || (size_t)n >= sizeof target) { errno = ENAMETOOLONG; return -1; }
+    if (make_parents(target) < 0) return -1;
+    *strrchr(target, '/') = 0;
+    return lsetxattr(target, OPAQUE_XATTR, "y", 1, 0);
+  }
+  if (strncmp(base, ".wh..wh.", 8) == 0) return 0;   /* aufs metadata */
+  if (snprintf(target, sizeof target, "%s/%.*s%s%s", o->dest, (int)dirlen, rel,
+               dirlen ? "/" : "", base + 4) >= (int)sizeof target) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  (void)in;
+  if (make_parents(target) < 0 || remove_tree(target) < 0) return -1;
+  return mknod(target, S_IFCHR | 0, makedev(0, 0));
+}
+
+/* Copies the current entry's data from in to out. */
+static int copy_data(struct archive *in, struct archive *out) {
+  const void *buf;
+  size_t size;
+  la_int64_t off;
+  int r;
+  while ((r = archive_read_data_block(in, &buf, &size, &off)) == ARCHIVE_OK) {
+    if (archive_write_data_block(out, buf, size, off) < ARCHIVE_WARN) return -1;
+  }
+  return r == ARCHIVE_EOF ? 0 : -1;
+}
+
+/* Rewrites e's path (and hard-link target) under o->dest and its owners. */
+static int place_entry(const extract_opts *o, struct archive_entry *e, const char *rel) {
+  char path[PATH_MAX], link[PATH_MAX];
+  const char *hl = archive_entry_hardlink(e);
+  if (join_path(path, sizeof path, o->dest, rel) < 0) return -1;
+  archive_entry_set_pathname(e, path);
+  if (hl) {
+    char clean[PATH_MAX];
+    if (clean_path(hl, clean, sizeof clean) < 0 || !*clean) return -1;
+    if (join_path(link, sizeof link, o->dest, clean) < 0) return -1;
+    archive_entry_set_hardlink(e, link);
+  }
+  if (o->uid >= 0) {
+    archive_entry_set_uid(e, o->uid);
+    archive_entry_set_gid(e, o->gid);
+    archive_entry_set_uname(e, NULL);
+    archive_entry_set_gname(e, NULL);
+  }
+  return 0;
+}
+
+/* Applies one entry. Returns NULL or a static error message. */
+static const char *apply_entry(extract_opts *o, struct archive *in,
+                               struct archive *out, struct archive_entry *e) {
+  static char msg[PATH_MAX + 64];
+  char rel[PATH_MAX];
+  const char *base;
+  if (clean_path(archive_entry_pathname(e), rel, sizeof rel) < 0) {
+    snprintf(msg, sizeof msg, "unsafe path in archive: %s", archive_entry_pathname(e));
+    return msg;
+  }
+  base = strrchr(rel, '/');
+  base = base ? base + 1 : rel;
+  o->count++;
+  if (o->whiteouts && strncmp(base, ".wh.", 4) == 0) {
+    if (apply_whiteout(o, rel, in) == 0) return NULL;
+    snprintf(msg, sizeof msg, "whiteout %s: %s", rel, strerror(errno));
+    return msg;
+  }
+  if (place_entry(o, e, rel) < 0) return "unsafe or too long path in archive";
+  if (archive_write_header(out, e) < ARCHIVE_WARN || copy_data(in, out) < 0 ||
+      archive_write_finish_entry(out) < ARCHIVE_WARN) {
+    snprintf(msg, sizeof msg, "%s: %s", rel, archive_error_string(out));
+    return msg;
+  }
+  return NULL;
+}
+
+/* Opens a disk writer with the flags every extraction uses. */
+static struct archive *disk_writer(void) {
+  struct archive *out = archive_write_disk_new();
+  archive_write_disk_set_options(out, WRITE_FLAGS);
+  return out;
+}
+
+/* Reads every entry of `in` into o->dest. Returns NULL or an error. */
+static const char *extract_all(extract_opts *o, struct archive *in) {
+  static char msg[512];
+  struct archive *out = disk_writer();
+  struct archive_entry *e;
+  const char *err = NULL;
+  int r;
+  while (!err && (r = archive_read_next_header(in, &e)) != ARCHIVE_EOF) {
+    if (r < ARCHIVE_WARN) {
+      snprintf(msg, sizeof msg, "%s", o->count ? archive_error_string(in) : "not an archive");
+      err = msg;
+      break;
+    }
+    err = apply_entry(o, in, out, e);
+  }
+  if (archive_write_close(out) < ARCHIVE_WARN && !err) {
+    snprintf(msg, sizeof msg, "%s", archive_error_string(out));
+    err = msg;
+  }
+  archive_write_free(out);
+  return err;
+}
+
+/* Reads an integer option field, or dflt. */
+static lua_Integer opt_int(lua_State *L, int t, const char *k, lua_Integer dflt) {
+  lua_Integer v;
+  if (lua_type(L, t) != LUA_TTABLE) return dflt;
+  lua_getfield(L, t, k);
+  v = luaL_optinteger(L, -1, dflt);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int opt_bool(lua_State *L, int t, const char *k) {
+  int v;
+  if (lua_type(L, t) != LUA_TTABLE) return 0;
+  lua_getfield(L, t, k);
+  v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* archive.extract(tarfile, dest_dir, {whiteouts=, uid=, gid=}) -> entries
+ * Applies every entry under dest_dir (which must exist). Fails with
+ * "not an archive" when the file is no tar (plain or compressed). */
+static int l_extract(lua_State *L) {
+  const char *file = luaL_checkstring(L, 1);
+  char dest[PATH_MAX];
+  extract_opts o = {dest, opt_bool(L, 3, "whiteouts"),
+                    opt_int(L, 3, "uid", -1), opt_int(L, 3, "gid", -1), 0};
+  struct archive *in;
+  const char *err;
+  if (o.uid >= 0 && o.gid < 0) o.gid = o.uid;
+  if (!realpath(luaL_checkstring(L, 2), dest)) return fail_errno(L, lua_tostring(L, 2));
+  in = archive_read_new();
+  archive_read_support_filter_all(in);
+  archive_read_support_format_tar(in);
+  if (archive_read_open_filename(in, file, 65536) != ARCHIVE_OK) {
+    int err = archive_errno(in);   /* libarchive's "file format" is EILSEQ */
+    archive_read_free(in);
+    if (err == EILSEQ) return eng_fail(L, "not an archive");
+    errno = err;
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", file, strerror(errno));
+    return 2;
+  }
+  err = extract_all(&o, in);
+  archive_read_free(in);
+  if (err) return eng_fail(L, err);
+  lua_pushinteger(L, o.count);
+  return 1;
+}
+
+/* ---- copying trees ------------------------------------------------------ */
+
+/* Copies the entries read from disk reader rd (rooted at src) to dest. */
+static const char *copy_entries(struct archive *rd, const char *src, const char *dest,
+                                int64_t uid, int64_t gid) {
+  static char msg[PATH_MAX + 64];
+  struct archive *out = disk_writer();
+  struct archive_entry *e = archive_entry_new();
+  const char *err = NULL;
+  size_t srclen = strlen(src);
+  int r;
+  while (!err && (r = archive_read_next_header2(rd, e)) != ARCHIVE_EOF) {
+    char path[PATH_MAX];
+    if (r < ARCHIVE_WARN) { err = archive_error_string(rd); break; }
+    archive_read_disk_descend(rd);
+    snprintf(path, sizeof path, "%s%s", dest, archive_entry_pathname(e) + srclen);
+    archive_entry_set_pathname(e, path);
+    if (uid >= 0) {
+      archive_entry_set_uid(e, uid);
+      archive_entry_set_gid(e, gid);
+    }
+    archive_entry_set_uname(e, NULL);
+    archive_entry_set_gname(e, NULL);
+    if (archive_write_header(out, e) < ARCHIVE_WARN || copy_data(rd, out) < 0 ||
+        archive_write_finish_entry(out) < ARCHIVE_WARN) {
+      snprintf(msg, sizeof msg, "%s: %s", path, archive_error_string(out));
+      err = msg;
+    }
+  }
+  if (archive_write_close(out) < ARCHIVE_WARN && !err) err = archive_error_string(out);
+  archive_write_free(out);
+  archive_entry_free(e);
+  return err;
+}
+
+/* archive.copy(src, dest, {uid=, gid=}) -> true
+ * Copies a file, symlink or tree at src to the path dest (src's contents
+ * land at dest itself). Owners become uid/gid when given. */
+static int l_copy(lua_State *L) {
+  char src[PATH_MAX];
+  const char *dest = luaL_checkstring(L, 2);
+  int64_t uid = opt_int(L, 3, "uid", -1), gid = opt_int(L, 3, "gid", -1);
+  size_t n;
+  struct archive *rd;
+  const char *err;
+  luaL_checklstring(L, 1, &n);
+  if (n >= sizeof src) return eng_fail(L, "path too long");
+  memcpy(src, lua_tostring(L, 1), n + 1);
+  while (n > 1 && src[n - 1] == '/') src[--n] = 0;
+  if (uid >= 0 && gid < 0) gid = uid;
+  rd = archive_read_disk_new();
+  archive_read_disk_set_symlink_physical(rd);
+  archive_read_disk_set_behavior(rd, ARCHIVE_READDISK_NO_TRAVERSE_MOUNTS);
+  if (archive_read_disk_open(rd, src) != ARCHIVE_OK) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", src, archive_error_string(rd));
+    archive_read_free(rd);
+    return 2;
+  }
+  err = copy_entries(rd, src, dest, uid, gid);
+  if (err) lua_pushstring(L, err);
+  archive_read_free(rd);
+  if (err) { lua_pushnil(L); lua_insert(L, -2); return 2; }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ---- small POSIX helpers ------------------------------------------------ */
+
+static const char *type_name(mode_t m) {
+  if (S_ISREG(m)) return "file";
+  if (S_ISDIR(m)) return "dir";
+  if (S_ISLNK(m)) return "link";
+  if (S_ISCHR(m)) return "char";
+  if (S_ISBLK(m)) return "block";
+  if (S_ISFIFO(m)) return "fifo";
+  return "socket";
+}
+
+static void set_int(lua_State *L, const char *k, lua_Integer v) {
+  lua_pushinteger(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* archive.stat(path) -> {type, mode, uid, gid, size, mtime, mtime_ns, ino,
+ * nlink, rdev} without following a final symlink; nil, err if missing. */
+static int l_stat(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct stat st;
+  if (lstat(path, &st) < 0) return fail_errno(L, path);
+  lua_createtable(L, 0, 10);
+  lua_pushstring(L, type_name(st.st_mode));
+  lua_setfield(L, -2, "type");
+  set_int(L, "mode", st.st_mode & 07777);
+  set_int(L, "uid", st.st_uid);
+  set_int(L, "gid", st.st_gid);
+  set_int(L, "size", st.st_size);
+  set_int(L, "mtime", st.st_mtim.tv_sec);
+  set_int(L, "mtime_ns", st.st_mtim.tv_nsec);
+  set_int(L, "ino", (lua_Integer)st.st_ino);
+  set_int(L, "nlink", (lua_Integer)st.st_nlink);
+  set_int(L, "rdev", (lua_Integer)st.st_rdev);
+  return 1;
+}
+
+/* archive.list(path) -> names (sorted, without . and ..) */
+static int l_list(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct dirent **names;
+  int n = scandir(path, &names, NULL, alphasort), k = 0;
+  if (n < 0) return fail_errno(L, path);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    const char *s = names[i]->d_name;
+    if (strcmp(s, ".") && strcmp(s, "..")) {
+      lua_pushstring(L, s);
+      lua_rawseti(L, -2, ++k);
+    }
+    free(names[i]);
+  }
+  free(names);
+  return 1;
+}
+
+/* archive.mkdir(path, mode=0755, uid=-1, gid=-1) -> true; an existing
+ * directory is success and keeps its attributes. */
+static int l_mkdir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  mode_t mode = (mode_t)luaL_optinteger(L, 2, 0755);
+  lua_Integer uid = luaL_optinteger(L, 3, -1), gid = luaL_optinteger(L, 4, -1);
+  struct stat st;
+  if (mkdir(path, mode) < 0) {
+    if (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    return fail_errno(L, path);
+  }
+  if (chmod(path, mode) < 0) return fail_errno(L, path);
+  if (uid >= 0 && lchown(path, (uid_t)uid, (gid_t)(gid >= 0 ? gid : uid)) < 0)
+    return fail_errno(L, path);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* archive.chown(path, uid, gid) -> true (does not follow a symlink) */
+static int l_chown(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (lchown(path, (uid_t)luaL_checkinteger(L, 2), (gid_t)luaL_checkinteger(L, 3)) < 0)
+    return fail_errno(L, path);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* archive.chmod(path, mode) -> true */
+static int l_chmod(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (chmod(path, (mode_t)luaL_checkinteger(L, 2)) < 0) return fail_errno(L, path);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int64_t du_total;
+
+static int remove_cb(const char *p, const struct stat *st, int flag, struct FTW *f) {
+  (void)st; (void)f;
+  if (flag == FTW_DP) return rmdir(p) < 0 ? -1 : 0;
+  return unlink(p) < 0 ? -1 : 0;
+}
+
+static int remove_tree(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) < 0) return errno == ENOENT ? 0 : -1;
+  if (!S_ISDIR(st.st_mode)) return unlink(path);
+  return nftw(path, remove_cb, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+/* archive.remove(path) -> true: deletes a file or a whole tree without
+ * following symlinks or entering other mounts; a missing path is success. */
+static int l_remove(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (strcmp(path, "/") == 0 || !*path) return luaL_error(L, "refusing to remove '%s'", path);
+  if (remove_tree(path) < 0) return fail_errno(L, path);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int du_cb(const char *p, const struct stat *st, int flag, struct FTW *f) {
+  (void)p; (void)flag; (void)f;
+  du_total += (int64_t)st->st_blocks * 512;
+  return 0;
+}
+
+/* archive.du(path) -> bytes allocated on disk by the tree */
+static int l_du(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  du_total = 0;
+  if (nftw(path, du_cb, 16, FTW_PHYS | FTW_MOUNT) < 0) return fail_errno(L, path);
+  lua_pushinteger(L, du_total);
+  return 1;
+}
+
+/* archive.xattr(path, name) -> value or nil (not following a symlink) */
+static int l_xattr(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
+  char buf[4096];
+  ssize_t n = lgetxattr(path, name, buf, sizeof buf);
+  if (n < 0) return (errno == ENODATA || errno == ENOTSUP) ? 0 : fail_errno(L, path);
+  lua_pushlstring(L, buf, (size_t)n);
+  return 1;
+}
+
+/* archive.set_xattr(path, name, value) -> true */
+static int l_set_xattr(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
+  size_t n;
+  const char *v = luaL_checklstring(L, 3, &n);
+  if (lsetxattr(path, name, v, n, 0) < 0) return fail_errno(L, path);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* archive.whiteout(path) -> true: the overlayfs whiteout (char dev 0:0) */
+static int l_whiteout(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  if (mknod(path, S_IFCHR | 0, makedev(0, 0)) < 0) return fail_errno(L, path);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* archive.mkdtemp(prefix) -> path of a new private directory */
+static int l_mkdtemp(lua_State *L) {
+  char tmpl[PATH_MAX];
+  snprintf(tmpl, sizeof tmpl, "%sXXXXXX", luaL_checkstring(L, 1));
+  if (!mkdtemp(tmpl)) return fail_errno(L, lua_tostring(L, 1));
+  lua_pushstring(L, tmpl);
+  return 1;
+}
+
+/* archive.realpath(path) -> absolute path with no symlinks */
+static int l_realpath(lua_State *L) {
+  char out[PATH_MAX];
+  if (!realpath(luaL_checkstring(L, 1), out)) return fail_errno(L, lua_tostring(L, 1));
+  lua_pushstring(L, out);
+  return 1;
+}
+
+/* ---- flock() locks ------------------------------------------------------ */
+
+typedef struct file_lock { int fd; } file_lock;
+
+/* Releases the lock; idempotent, never raises. */
+static void lock_release(file_lock *k) {
+  if (k->fd >= 0) close(k->fd);
+  k->fd = -1;
+}
+
+/* archive.try_lock(path) -> lock | nil, "busy" | nil, err
+ * An exclusive flock() on path (created if missing), never waiting. Locks
+ * from two opens conflict even inside one process. */
+static int l_try_lock(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  file_lock *k = lua_newuserdatauv(L, sizeof *k, 0);
+  k->fd = -1;
+  luaL_setmetatable(L, LOCK_MT);
+  k->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (k->fd < 0) return fail_errno(L, path);
+  if (flock(k->fd, LOCK_EX | LOCK_NB) < 0) {
+    int busy = errno == EWOULDBLOCK;
+    lock_release(k);
+    return busy ? eng_fail(L, "busy") : fail_errno(L, path);
+  }
+  return 1;
+}
+
+static int l_lock_release(lua_State *L) {
+  lock_release(luaL_checkudata(L, 1, LOCK_MT));
+  return 0;
+}
+
+static int l_lock_held(lua_State *L) {
+  lua_pushboolean(L, ((file_lock *)luaL_checkudata(L, 1, LOCK_MT))->fd >= 0);
+  return 1;
+}
+
+static const luaL_Reg lock_methods[] = {
+  {"release", l_lock_release}, {"held", l_lock_held}, {NULL, NULL}
+};
+
+static const luaL_Reg funcs[] = {
+  {"sha256", l_sha256}, {"digest_file", l_digest_file}, {"extract", l_extract},
+  {"copy", l_copy}, {"stat", l_stat}, {"list", l_list}, {"mkdir", l_mkdir},
+  {"chown", l_chown}, {"chmod", l_chmod}, {"remove", l_remove}, {"du", l_du},
+  {"xattr", l_xattr}, {"set_xattr", l_set_xattr}, {"whiteout", l_whiteout},
+  {"mkdtemp", l_mkdtemp}, {"realpath", l_realpath}, {"try_lock", l_try_lock},
+  {NULL, NULL}
+};
+
+int luaopen_engine_archive(lua_State *L) {
+  luaL_newmetatable(L, LOCK_MT);
+  luaL_newlib(L, lock_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, l_lock_release);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, l_lock_release);
+  lua_setfield(L, -2, "__close");
+  lua_pop(L, 1);
+  luaL_newlib(L, funcs);
+  return 1;
+}
