@@ -20,7 +20,11 @@ do
   function Box:stop() self.up = false end
   function Box:write(p, d) self.files[p] = d end
   function Box:read(p) return self.files[p] end
-  function Box:exec() engine.sleep(0.05) return { code = 0 } end
+  function Box:exec(cmd)
+    local n = tonumber(cmd:match("sleep ([%d.]+)") or "0.01")
+    engine.sleep(n)
+    return { code = 0 }
+  end
   function Box:borrow()
     if self.info.spec.network == "none" or self.info.spec.network == "host" then
       return setmetatable({}, { __close = function() end })
@@ -371,6 +375,125 @@ describe("engine.pool", function()
     local s2 = p:usage().seconds
     engine.sleep(0.05)
     assert.equal(s2, p:usage().seconds)
+  end)
+
+  describe("borrowing a box", function()
+    -- True when a borrow of sb can be had within a second (the lock is free).
+    local function borrow_free(sb)
+      return engine.spawn(function()
+        return sync.with_timeout(1, function()
+          local g <close> = sb:borrow()
+          return true
+        end)
+      end):join()
+    end
+
+    -- Runs n borrowers of sb, each exec'ing a short sleep; returns their
+    -- {start, stop} intervals.
+    local function borrowers(sb, n)
+      local spans, tasks = {}, {}
+      for i = 1, n do
+        tasks[i] = engine.spawn(function()
+          local g <close> = sb:borrow()
+          local t0 = engine.monotonic()
+          assert.equal(0, sb:exec("sleep 0.3").code)
+          spans[i] = { t0, engine.monotonic() }
+        end)
+      end
+      for i = 1, n do assert(tasks[i]:join()) end
+      return spans
+    end
+
+    local function overlap(a, b) return a[1] < b[2] and b[1] < a[2] end
+
+    it("lets borrowers of an unrestricted box overlap in time", function()
+      p = new_pool()
+      local l <close> = track(assert(p:lease("open", { network = "none" })))
+      local s = borrowers(l.sandbox, 2)
+      assert.is_true(overlap(s[1], s[2]), "borrowers did not overlap")
+    end)
+
+    it("serialises borrowers of a network-restricted box", function()
+      p = new_pool()
+      local l <close> = track(assert(p:lease("restricted", RESTRICTED)))
+      local s = borrowers(l.sandbox, 3)
+      assert.is_false(overlap(s[1], s[2]) or overlap(s[2], s[3]) or overlap(s[1], s[3]))
+      assert.is_true(s[1][2] <= s[2][1] and s[2][2] <= s[3][1], "not in FIFO order")
+    end)
+
+    it("releases the restricted box's lock on every path", function()
+      p = new_pool()
+      local l <close> = track(assert(p:lease("restricted", RESTRICTED)))
+      local sb = l.sandbox
+      -- normal end
+      assert(engine.spawn(function() local g <close> = sb:borrow(); sb:exec("true") end):join())
+      assert.same({ true, true }, { borrow_free(sb) })
+      -- an error
+      local ok, err = engine.spawn(function()
+        local g <close> = sb:borrow(); error("scorer failed")
+      end):join()
+      assert.is_false(ok)
+      assert.matches("scorer failed", err)
+      assert.same({ true, true }, { borrow_free(sb) })
+      -- cancellation while holding it, and while waiting for it
+      local holder = engine.spawn(function() local g <close> = sb:borrow(); sb:exec("sleep 30") end)
+      engine.sleep(0.1)
+      local waiter = engine.spawn(function() local g <close> = sb:borrow(); return "got it" end)
+      engine.sleep(0.05)
+      waiter:cancel()
+      holder:cancel()
+      assert.is_true(engine.is_cancel(select(2, holder:join())))
+      assert.is_true(engine.is_cancel(select(2, waiter:join())))
+      assert.same({ true, true }, { borrow_free(sb) })
+      -- a failure halfway through setup: the setup command times out
+      local r = { engine.spawn(function()
+        local g <close> = sb:borrow()
+        sb:exec("mkdir -p /tmp/setup")
+        return sync.with_timeout(0.1, function() return sb:exec("sleep 30") end)
+      end):join() }
+      assert.same({ true, nil, "timeout" }, r)
+      assert.same({ true, true }, { borrow_free(sb) })
+    end)
+
+    it("judges borrow a leased box while its owner holds the key", function()
+      p = new_pool()
+      local l <close> = track(assert(p:lease("task-1", RESTRICTED)))
+      local judges = {}
+      for i = 1, 3 do
+        judges[i] = engine.spawn(function()
+          local g <close> = l.sandbox:borrow()
+          return l.sandbox:exec("true").code
+        end)
+      end
+      for i = 1, 3 do assert.same({ true, 0 }, { judges[i]:join() }) end
+    end)
+
+    -- The deadlock: W holds key K and waits for the box lock that H holds,
+    -- while H needs K next. Nothing in the pool holds a lock across that wait,
+    -- so a lease timeout breaks the cycle and every lock is free afterwards.
+    it("breaks the borrow-vs-key deadlock with a lease timeout, leaking no lock", function()
+      p = new_pool()
+      local box <close> = track(assert(p:lease("box", RESTRICTED)))
+      local sb, h_got_box, w_got_key = box.sandbox, sync.event(), sync.event()
+      local h = engine.spawn(function()
+        local g <close> = sb:borrow()
+        h_got_box:set()
+        w_got_key:wait()
+        return p:lease("K", nil, { timeout = 0.2 })   -- needs K next
+      end)
+      local w = engine.spawn(function()
+        h_got_box:wait()
+        local k <close> = track(assert(p:lease("K")))
+        w_got_key:set()
+        local g <close> = sb:borrow()                  -- waits for H's lock
+        return "w done"
+      end)
+      assert.same({ true, nil, "timeout" }, { h:join() })
+      assert.same({ true, "w done" }, { w:join() })
+      assert.same({ true, true }, { borrow_free(sb) })
+      local k <close> = track(assert(p:lease("K", nil, { timeout = 1 })))
+      assert.is_true(k.borrowed)
+    end)
   end)
 
   describe("at engine exit", function()
