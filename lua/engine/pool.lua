@@ -28,6 +28,7 @@ local Lease = {}
 Lease.__index = Lease
 
 local SWEEP_MAX = 30
+local DROPPED_MAX = 4096   -- remembered reasons (diagnostics only; then forgotten)
 
 -- ---- helpers ----------------------------------------------------------------
 
@@ -91,6 +92,7 @@ function M.new(opts)
     idle = {},         -- key -> entry parked idle
     n_idle = 0, n_live = 0, n_created = 0, n_reused = 0,
     seconds = 0,       -- sandbox-seconds of boxes already stopped
+    dropped = {}, n_dropped = 0,   -- key -> why its last box was stopped
     boxes = setmetatable({}, { __mode = "k" }),   -- entry -> true while running
     closed = false,
   }, Pool)
@@ -114,10 +116,14 @@ function Pool:_drop_slot(key)
   end
 end
 
--- Stops an entry's box once and books its sandbox-seconds. Never raises.
-function Pool:_stop(entry)
+-- Stops an entry's box once, books its sandbox-seconds and remembers why
+-- (the key's next fresh lease reports it as lease.reason). Never raises.
+function Pool:_stop(entry, reason)
   if entry.stopped then return end
   entry.stopped = true
+  if self.n_dropped >= DROPPED_MAX then self.dropped, self.n_dropped = {}, 0 end
+  if self.dropped[entry.key] == nil then self.n_dropped = self.n_dropped + 1 end
+  self.dropped[entry.key] = reason
   self.boxes[entry] = nil
   self.seconds = self.seconds + (engine.monotonic() - entry.started)
   pcall(entry.sb.stop, entry.sb)
@@ -133,14 +139,16 @@ function Pool:_unpark(key)
   return e
 end
 
--- Whether an idle entry may serve a lease for `spec` right now.
+-- Whether an idle entry may serve a lease for `spec` right now: true, or
+-- false and why not ("expired", "drift", "dead").
 function Pool:_reusable(e, spec)
-  if e.stopped or engine.monotonic() - e.idle_since >= self.ttl then return false end
-  if not deep_equal(e.want, spec) then return false end
+  if engine.monotonic() - e.idle_since >= self.ttl then return false, "expired" end
+  if not deep_equal(e.want, spec) then return false, "drift" end
   if e.resolved ~= nil and not deep_equal(e.resolved, e.sb.info and e.sb.info.spec) then
-    return false
+    return false, "drift"
   end
-  return is_alive(e.sb)
+  if not is_alive(e.sb) then return false, "dead" end
+  return true
 end
 
 -- Provisions a fresh box. Returns entry, or nil, err.
@@ -179,6 +187,9 @@ end
 -- p:lease(key, spec, {timeout = s}) -> lease, or nil, err ("closed",
 -- "timeout" waiting for the key, or the provider's creation error). To-be-
 -- closed. Leasing a key this task already holds raises (it would deadlock).
+-- lease.borrowed is true for a reused box; for a fresh one lease.reason says
+-- why: "new", "drift", "expired", "dead", "failed", "cancelled",
+-- "unhealthy", "discarded", "evicted", "retired" or "closed".
 function Pool:lease(key, spec, opts)
   local kt = type(key)
   if kt ~= "string" and kt ~= "number" then error("pool:lease: key must be a string or number", 2) end
@@ -204,20 +215,27 @@ end
 -- With the key held: reuses the idle box or provisions one; builds the lease.
 function Pool:_open(key, slot, spec)
   if self.closed then return nil, "closed" end
-  local e, borrowed = self:_unpark(key), false
-  if e and self:_reusable(e, spec) then
+  local e, borrowed, reason = self:_unpark(key), false, nil
+  local reuse, why = false, nil
+  if e then reuse, why = self:_reusable(e, spec) end
+  if reuse then
     borrowed = true
     self.n_reused = self.n_reused + 1
   else
-    if e then self:_stop(e) end
+    if e then self:_stop(e, why) end
+    reason = self.dropped[key] or "new"
     local err
     e, err = self:_create(key, spec)
     if not e then return nil, err end
   end
+  if self.dropped[key] ~= nil then
+    self.dropped[key] = nil
+    self.n_dropped = self.n_dropped - 1
+  end
   slot.discard = false
   self.n_live = self.n_live + 1
   local lease = setmetatable({
-    sandbox = e.sb, borrowed = borrowed, key = key, id = e.sb.id,
+    sandbox = e.sb, borrowed = borrowed, reason = reason, key = key, id = e.sb.id,
     pool = self, _entry = e, _slot = slot,
   }, Lease)
   slot.lease = lease
@@ -244,20 +262,25 @@ function Pool:_evict_oldest()
       best, best_waited = e, waited
     end
   end
-  self:_stop(self:_unpark(best.key))
+  self:_stop(self:_unpark(best.key), "evicted")
 end
 
--- Ends a lease: parks or stops its box, then passes the key on. Never blocks.
-function Pool:_release(lease, healthy)
+-- Why a released box cannot be parked, or nil when it can.
+function Pool:_unkeepable(e, slot, why)
+  if why then return why end
+  if self.closed then return "closed" end
+  if slot.discard then return "discarded" end
+  if e.stopped or not is_alive(e.sb) then return "dead" end
+end
+
+-- Ends a lease: parks or stops its box, then passes the key on. `why` is nil
+-- for a healthy release, else why the box must not be reused. Never blocks.
+function Pool:_release(lease, why)
   local e, slot = lease._entry, lease._slot
   self.n_live = self.n_live - 1
   slot.lease = nil
-  if healthy and not self.closed and not slot.discard and not e.stopped
-     and is_alive(e.sb) then
-    self:_park(e)
-  else
-    self:_stop(e)
-  end
+  why = self:_unkeepable(e, slot, why)
+  if why then self:_stop(e, why) else self:_park(e) end
   slot.discard = false
   slot.holder = nil
   slot.mutex:unlock()
@@ -268,18 +291,18 @@ end
 -- the lease ends. Idempotent; unknown keys are fine.
 function Pool:discard(key)
   local e = self:_unpark(key)
-  if e then self:_stop(e) end
+  if e then self:_stop(e, "discarded") end
   local s = self.slots[key]
   if s and s.lease then s.discard = true end
   self:_drop_slot(key)
 end
 
 -- p:retire_idle() -> n: stops every idle box at once; live leases keep theirs.
-function Pool:retire_idle()
+function Pool:retire_idle(reason)
   local keys = {}
   for key in pairs(self.idle) do keys[#keys + 1] = key end
   for _, key in ipairs(keys) do
-    self:_stop(self:_unpark(key))
+    self:_stop(self:_unpark(key), reason or "retired")
     self:_drop_slot(key)
   end
   return #keys
@@ -290,7 +313,7 @@ end
 function Pool:close()
   if self.closed then return end
   self.closed = true
-  self:retire_idle()
+  self:retire_idle("closed")
   local sweeper = self.sweeper
   self.sweeper = nil
   if sweeper and sweeper ~= engine.current() then sweeper:cancel() end
@@ -313,7 +336,7 @@ function Pool:sweep()
     if now - e.idle_since >= self.ttl then expired[#expired + 1] = key end
   end
   for _, key in ipairs(expired) do
-    self:_stop(self:_unpark(key))
+    self:_stop(self:_unpark(key), "expired")
     self:_drop_slot(key)
   end
   return #expired
@@ -352,14 +375,17 @@ Pool.__gc = function(self) pcall(self.close, self) end
 function Lease:release(opts)
   if self.released then return end
   self.released = true
-  self.pool:_release(self, not (opts and opts.healthy == false))
+  self.pool:_release(self, opts and opts.healthy == false and "unhealthy" or nil)
 end
 
--- Leaving the scope by an error or cancellation stops the box.
+-- Leaving the scope by an error ("failed") or a cancellation ("cancelled")
+-- stops the box.
 Lease.__close = function(self, err)
   if self.released then return end
   self.released = true
-  self.pool:_release(self, err == nil)
+  local why
+  if err ~= nil then why = engine.is_cancel(err) and "cancelled" or "failed" end
+  self.pool:_release(self, why)
 end
 
 return M
