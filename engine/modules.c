@@ -4,10 +4,13 @@
  */
 #include "engine.h"
 
+int luaopen_engine_http_core(lua_State *L);
+
 
 
 static const luaL_Reg modules[] = {
   {"engine.core", luaopen_engine_core},
+  {"engine.http.core", luaopen_engine_http_core},
 
   {NULL, NULL}
 };

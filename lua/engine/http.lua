@@ -1,0 +1,160 @@
+-- engine.http: HTTP requests that yield the calling task, on libcurl's multi
+-- interface driven by the engine's loop (engine/http.c).
+--
+--   http.request{method, url, headers, body, timeout, connect_timeout,
+--                idle_timeout, unix_socket, verify, max_body}
+--     -> {status, headers, body} | nil, err
+--   http.stream{...} -> stream | nil, err     (returns once headers arrived)
+--     stream.status, stream.headers
+--     stream:read() -> chunk | nil (end) | nil, err
+--     stream:next() -> {event, data, id} (next server-sent event) | nil | nil, err
+--     stream:body() -> the rest of the body | nil, err
+--     stream:close()  (also <close>): removes the transfer
+--
+-- headers: a map {["Name"] = "value"} or a list {"Name: value"}. Response
+-- header names are lowercase; repeated headers are joined with ", ".
+-- Errors: "timeout", "connect: ...", "resolve: ...", "tls: ...",
+-- "connection: ...", "body too large", "closed". A status code is a result.
+-- Cancelling the task (or engine.sync.with_timeout) removes the transfer.
+local core = require "engine.http.core"
+
+local M = {}
+
+M.core = core
+
+-- Builds the C layer's request: headers as a sorted list of "Name: value".
+local function prepare(req)
+  if type(req) ~= "table" then error("http: request must be a table", 3) end
+  if type(req.url) ~= "string" then error("http: url must be a string", 3) end
+  local out = {}
+  for k, v in pairs(req) do out[k] = v end
+  local h = req.headers
+  if h and #h == 0 then
+    local list = {}
+    for k, v in pairs(h) do list[#list + 1] = k .. ": " .. tostring(v) end
+    table.sort(list)
+    out.headers = list
+  end
+  if not out.method then out.method = req.body and "POST" or "GET" end
+  out.method = out.method:upper()
+  out.connect_timeout = out.connect_timeout or 30
+  return out
+end
+
+-- Parses a raw header block (status line first) into a lowercase map.
+function M.parse_headers(raw)
+  local h = {}
+  for line in raw:gmatch("[^\r\n]+") do
+    local k, v = line:match("^([^:%s]+):%s*(.-)%s*$")
+    if k then
+      k = k:lower()
+      h[k] = h[k] and (h[k] .. ", " .. v) or v
+    end
+  end
+  return h
+end
+
+-- http.request(req) -> {status, headers, body} | nil, err
+function M.request(req)
+  local t <close> = core.open(prepare(req))
+  local status, raw, body = t:finish()
+  if not status then return nil, raw end
+  return { status = status, headers = M.parse_headers(raw), body = body }
+end
+
+-- ---- streams --------------------------------------------------------------
+
+local Stream = {}
+Stream.__index = Stream
+Stream.__close = function(s) s:close() end
+
+-- http.stream(req) -> stream | nil, err, once the response headers arrived.
+function M.stream(req)
+  local t = core.open(prepare(req))
+  local ok, status, raw = pcall(t.head, t)
+  if not ok or not status then t:close() end
+  if not ok then error(status, 0) end
+  if not status then return nil, raw end
+  return setmetatable({ status = status, headers = M.parse_headers(raw),
+                        transfer = t, pending = "" }, Stream)
+end
+
+-- Next chunk of the body as it arrives; nil at the end.
+function Stream:read()
+  if self.pending ~= "" then
+    local p = self.pending
+    self.pending = ""
+    return p
+  end
+  if self.ended then return nil end
+  local chunk, err = self.transfer:read()
+  if not chunk then self.ended = true end
+  return chunk, err
+end
+
+-- The rest of the body, read to the end.
+function Stream:body()
+  local parts = {}
+  while true do
+    local chunk, err = self:read()
+    if not chunk then
+      if err then return nil, err end
+      return table.concat(parts)
+    end
+    parts[#parts + 1] = chunk
+  end
+end
+
+-- Parses one SSE event block; nil when it carries no data.
+local function parse_event(block)
+  local ev, data = { event = "message" }, {}
+  for line in (block .. "\n"):gmatch("(.-)\n") do
+    local field, value = line:match("^([^:]*):? ?(.*)$")
+    if field == "data" then data[#data + 1] = value
+    elseif field == "event" then ev.event = value
+    elseif field == "id" then ev.id = value
+    elseif field == "retry" then ev.retry = tonumber(value) end
+  end
+  if #data == 0 then return nil end
+  ev.data = table.concat(data, "\n")
+  return ev
+end
+
+-- Next server-sent event: {event, data, id}; nil at the end of the stream.
+function Stream:next()
+  self.sse = self.sse or ""
+  while true do
+    local s, e = self.sse:find("\n\n", 1, true)
+    if s then
+      local block = self.sse:sub(1, s - 1)
+      self.sse = self.sse:sub(e + 1)
+      local ev = parse_event(block)
+      if ev then return ev end
+    else
+      local chunk, err = self:read()
+      if not chunk then
+        if err then return nil, err end
+        local ev = self.sse ~= "" and parse_event(self.sse) or nil
+        self.sse = ""
+        return ev
+      end
+      self.sse = (self.sse .. chunk):gsub("\r\n", "\n")
+    end
+  end
+end
+
+-- Iterator over events: for ev in stream:events() do ... end (raises on error)
+function Stream:events()
+  return function()
+    local ev, err = self:next()
+    if err then error("http stream: " .. err, 2) end
+    return ev
+  end
+end
+
+function Stream:close()
+  self.ended = true
+  self.transfer:close()
+end
+
+return M

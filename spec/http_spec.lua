@@ -1,0 +1,224 @@
+local engine = require "engine"
+local http = require "engine.http"
+local sync = require "engine.sync"
+local server = require "spec.fixtures.http.server"
+
+local function transfers() return http.core.stats().transfers end
+
+describe("engine.http", function()
+  local srv
+  setup(function() srv = server.start() end)
+  teardown(function() srv:stop() end)
+  before_each(function() srv:reset() end)
+  after_each(function()
+    assert.is_true(server.wait_until(function() return transfers() == 0 end, 2),
+      "a transfer was left behind")
+  end)
+
+  it("GETs a response with status, lowercase headers and body", function()
+    srv:script{ { status = 201, headers = { ["X-Thing"] = "a b" }, body = "hello" } }
+    local r = assert(http.request{ url = srv.url .. "/x?y=1", headers = { ["X-Req"] = "7" } })
+    assert.equal(201, r.status)
+    assert.equal("hello", r.body)
+    assert.equal("a b", r.headers["x-thing"])
+    assert.equal("5", r.headers["content-length"])
+    local req = srv:requests()[1]
+    assert.equal("GET", req.method)
+    assert.equal("/x?y=1", req.path)
+    assert.equal("7", req.headers["x-req"])
+  end)
+
+  it("POSTs a body (binary safe) and sends other methods as given", function()
+    srv:script{ { body = "a" }, { body = "b" } }
+    local body = "zero\0byte and ünïcode"
+    assert.equal("a", http.request{ url = srv.url .. "/p", body = body,
+      headers = { "Content-Type: text/plain" } }.body)
+    assert.equal("b", http.request{ method = "delete", url = srv.url .. "/d" }.body)
+    local reqs = srv:requests()
+    assert.equal("POST", reqs[1].method)
+    assert.equal(#body, tonumber(reqs[1].headers["content-length"]))
+    assert.equal("text/plain", reqs[1].headers["content-type"])
+    assert.equal("DELETE", reqs[2].method)
+  end)
+
+  it("returns error statuses as results, not failures", function()
+    srv:script{ { status = 503, headers = { ["Retry-After"] = "2" }, body = "busy" } }
+    local r = assert(http.request{ url = srv.url .. "/" })
+    assert.equal(503, r.status)
+    assert.equal("2", r.headers["retry-after"])
+  end)
+
+  it("reuses one connection for sequential requests", function()
+    srv:script{ { body = "1" }, { body = "2" }, { body = "3" } }
+    for _ = 1, 3 do assert(http.request{ url = srv.url .. "/" }) end
+    local reqs = srv:requests()
+    assert.equal(reqs[1].client_port, reqs[2].client_port)
+    assert.equal(reqs[2].client_port, reqs[3].client_port)
+  end)
+
+  it("runs many requests at once while tasks yield", function()
+    local list = {}
+    for i = 1, 20 do list[i] = { delay = 0.5, body = "r" } end
+    srv:script(list)
+    local t0 = engine.monotonic()
+    local tasks = {}
+    for i = 1, 20 do
+      tasks[i] = engine.spawn(function() return http.request{ url = srv.url .. "/" } end)
+    end
+    for _, t in ipairs(tasks) do
+      local ok, r = t:join()
+      assert.is_true(ok)
+      assert.equal("r", r.body)
+    end
+    assert.is_true(engine.monotonic() - t0 < 5, "requests ran one after another")
+  end)
+
+  it("fails to connect with nil, 'connect: ...'", function()
+    local r, err = http.request{ url = "http://127.0.0.1:1/" }
+    assert.is_nil(r)
+    assert.matches("^connect: ", err)
+  end)
+
+  it("times out a stalled response with nil, 'timeout'", function()
+    srv:script{ { body = string.rep("x", 100), stall = 5 } }
+    local t0 = engine.monotonic()
+    local r, err = http.request{ url = srv.url .. "/", timeout = 0.5 }
+    assert.is_nil(r)
+    assert.equal("timeout", err)
+    local took = engine.monotonic() - t0
+    assert.is_true(took >= 0.4 and took < 4, "took " .. took)
+  end)
+
+  it("reports a dropped connection", function()
+    -- curl retries a request whose reused connection died (up to 5 times)
+    local drops = {}
+    for i = 1, 8 do drops[i] = { drop = true } end
+    srv:script(drops)
+    local r, err = http.request{ url = srv.url .. "/" }
+    assert.is_nil(r)
+    assert.matches("^connection: ", err)
+  end)
+
+  it("caps the body with max_body", function()
+    srv:script{ { body = string.rep("x", 10000) } }
+    local r, err = http.request{ url = srv.url .. "/", max_body = 1000 }
+    assert.is_nil(r)
+    assert.equal("body too large", err)
+  end)
+
+  it("raises on misuse", function()
+    assert.has_error(function() http.request{} end, "http: url must be a string")
+    assert.has_error(function() http.request("x") end)
+    assert.has_error(function() http.request{ url = "http://x/", headers = 5 } end)
+  end)
+
+  it("removes the transfer when the task is cancelled mid-request", function()
+    srv:script{ { delay = 3, body = "late" } }
+    local t = engine.spawn(function() return http.request{ url = srv.url .. "/" } end)
+    assert.is_true(server.wait_until(function() return transfers() == 1 end))
+    assert.is_true(server.wait_until(function() return #srv:requests() == 1 end))
+    t:cancel()
+    local ok, err = t:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    assert.equal(0, transfers())
+    assert.equal(0, http.core.stats().sockets)
+  end)
+
+  it("gives up under engine.sync.with_timeout and frees the transfer", function()
+    srv:script{ { delay = 3, body = "late" } }
+    local t0 = engine.monotonic()
+    local r, err = sync.with_timeout(0.3, http.request, { url = srv.url .. "/" })
+    assert.is_nil(r)
+    assert.equal("timeout", err)
+    assert.is_true(engine.monotonic() - t0 < 2)
+    assert.equal(0, transfers())
+  end)
+
+  it("talks HTTP over a unix socket", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -m 700 " .. dir))
+    local usrv = server.start{ unix = dir .. "/s.sock" }
+    local ok, err = pcall(function()
+      usrv:script{ { body = "over unix" } }
+      local r = assert(http.request{ url = "http://localhost/v1/x",
+        unix_socket = dir .. "/s.sock" })
+      assert.equal("over unix", r.body)
+      assert.equal("/v1/x", usrv:requests()[1].path)
+    end)
+    usrv:stop()
+    os.execute("rm -rf " .. dir)
+    assert(ok, err)
+  end)
+
+  describe("streams", function()
+    it("delivers server-sent events as they arrive", function()
+      srv:script{ { chunks = {
+        { data = "data: one\n\n" },
+        { data = ": comment\nevent: tick\nid: 2\ndata: two\ndata: lines\r\n\r\n", delay = 0.3 },
+        { data = "data: thr", delay = 0.3 }, { data = "ee\n\n" },
+      } } }
+      local s <close> = assert(http.stream{ url = srv.url .. "/sse" })
+      assert.equal(200, s.status)
+      assert.equal("text/event-stream", s.headers["content-type"])
+      local times, events = {}, {}
+      for ev in s:events() do
+        events[#events + 1] = ev
+        times[#times + 1] = engine.monotonic()
+      end
+      assert.equal(3, #events)
+      assert.same({ event = "message", data = "one" }, events[1])
+      assert.same({ event = "tick", id = "2", data = "two\nlines" }, events[2])
+      assert.equal("three", events[3].data)
+      assert.is_true(times[3] - times[1] >= 0.45, "events were not delivered incrementally")
+    end)
+
+    it("reads raw chunks and the end of the body", function()
+      srv:script{ { chunks = { { data = "ab" }, { data = "cd", delay = 0.1 } } } }
+      local s <close> = assert(http.stream{ url = srv.url .. "/" })
+      assert.equal("abcd", s:body())
+      assert.is_nil(s:read())
+    end)
+
+    it("times out a stalled stream", function()
+      srv:script{ { chunks = { { data = "data: a\n\n" } }, stall = 5 } }
+      local s <close> = assert(http.stream{ url = srv.url .. "/", timeout = 0.6 })
+      assert.equal("a", s:next().data)
+      local ev, err = s:next()
+      assert.is_nil(ev)
+      assert.equal("timeout", err)
+    end)
+
+    it("fails like a request when it cannot connect", function()
+      local s, err = http.stream{ url = "http://127.0.0.1:1/" }
+      assert.is_nil(s)
+      assert.matches("^connect: ", err)
+    end)
+
+    it("frees the transfer when a reader is cancelled", function()
+      srv:script{ { chunks = { { data = "data: a\n\n" } }, stall = 5 } }
+      local t = engine.spawn(function()
+        local s <close> = assert(http.stream{ url = srv.url .. "/" })
+        s:next()
+        s:next()                                  -- blocks: nothing more comes
+      end)
+      assert.is_true(server.wait_until(function() return #srv:requests() == 1 end))
+      engine.sleep(0.2)
+      t:cancel()
+      assert.is_false((t:join()))
+      assert.equal(0, transfers())
+    end)
+
+    it("wakes a waiting reader with 'closed' when another task closes it", function()
+      srv:script{ { chunks = { { data = "x" } }, stall = 5 } }
+      local s = assert(http.stream{ url = srv.url .. "/" })
+      assert.equal("x", s:read())
+      local reader = engine.spawn(function() return s:read() end)
+      engine.sleep(0.05)
+      s:close()
+      assert.same({ true, nil, "closed" }, { reader:join() })
+      s:close()                                   -- idempotent
+    end)
+  end)
+end)
