@@ -155,6 +155,30 @@ describe("engine.pool", function()
     assert.is_nil(p.sweeper)
   end)
 
+  it("closes the pool cleanly when its sweeper is cancelled (Ctrl-C, end of run)", function()
+    p = new_pool()
+    do local _ <close> = track(assert(p:lease("a"))) end
+    local sweeper = p.sweeper
+    sweeper:cancel()
+    local ok, err = sweeper:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    assert.equal("cancelled", sweeper:status())
+    assert.is_true(p.closed)
+    assert.is_false(boxes[1]:alive())
+    assert.same({ nil, "closed" }, { p:lease("a") })
+  end)
+
+  it("close cancels the sweeper", function()
+    p = new_pool()
+    do local _ <close> = track(assert(p:lease("a"))) end
+    local sweeper = p.sweeper
+    p:close()
+    sweeper:join()
+    assert.equal("cancelled", sweeper:status())
+    assert.is_nil(p.sweeper)
+  end)
+
   it("stops the box when an error leaves the lease", function()
     p = new_pool()
     local sb

@@ -310,13 +310,14 @@ end
 
 -- p:close(): stops every idle box now and every leased box when its lease
 -- ends; later leases return nil, "closed". Idempotent, never blocks.
-function Pool:close()
+-- (From __gc, at exit, the sweeper task is left alone: only boxes are stopped.)
+function Pool:close(from_gc)
   if self.closed then return end
   self.closed = true
   self:retire_idle("closed")
   local sweeper = self.sweeper
   self.sweeper = nil
-  if sweeper and sweeper ~= engine.current() then sweeper:cancel() end
+  if sweeper and from_gc ~= true and sweeper ~= engine.current() then sweeper:cancel() end
 end
 
 -- p:usage() -> {created, reused, live, idle, seconds}
@@ -366,7 +367,7 @@ function Pool:_ensure_sweeper()
 end
 
 Pool.__close = function(self) self:close() end
-Pool.__gc = function(self) pcall(self.close, self) end
+Pool.__gc = function(self) pcall(Pool.close, self, true) end
 
 -- ---- lease ------------------------------------------------------------------
 
