@@ -159,6 +159,7 @@ describe("engine.pool", function()
     p = new_pool()
     do local _ <close> = track(assert(p:lease("a"))) end
     local sweeper = p.sweeper
+    engine.sleep(0.01)   -- the sweeper is asleep, as it is at Ctrl-C
     sweeper:cancel()
     local ok, err = sweeper:join()
     assert.is_false(ok)
