@@ -30,6 +30,9 @@ local M = {}
 M.DEFAULT_VERIFIER_TIMEOUT = 600
 M.DEFAULT_BUILD_TIMEOUT = 600
 M.DEFAULT_COMMAND_TIMEOUT = 180
+M.NO_AGENT_TIMEOUT = 7 * 24 * 3600       -- "[agent] timeout_sec" absent: no limit
+M.PROVISION_MARGIN = 60
+M.SCORE_MARGIN = 60
 M.MAX_TESTS_BYTES = 256 * 1024 * 1024   -- a tests/ tree larger than this is refused
 M.MAX_REWARD_BYTES = 1024 * 1024
 M.TRACE_FILES = { "test-stdout.txt", "reward.json", "reward.txt", "ctrf.json" }
@@ -239,8 +242,11 @@ function M.load_task(dir)
       dockerfile = dockerfile,
       workdir = M.dockerfile_workdir(dockerfile),
       has_solution = is_file(dir .. "/solution/solve.sh"),
-      timeouts = { agent = cfg.agent_timeout, score = cfg.verifier_timeout + 60,
-                   setup = cfg.build_timeout },
+      -- The runner's phase bounds: the build happens while provisioning; the
+      -- score phase is the verifier's own timeout plus staging and reading.
+      timeouts = { provision = cfg.build_timeout + M.PROVISION_MARGIN,
+                   agent = cfg.agent_timeout or M.NO_AGENT_TIMEOUT,
+                   score = cfg.verifier_timeout + M.SCORE_MARGIN },
     }
   end)
   if ok then return res end
@@ -435,20 +441,18 @@ local function trace_event(ctx, kind, data)
   if tr and tr.event then pcall(tr.event, tr, kind, data) end
 end
 
--- Keeps the verifier's files with the episode's trace.
+-- Keeps the verifier's files in the episode's trace directory.
 local function save_files(ctx, files)
   local tr = ctx.trace
+  if not tr then return end
   for _, name in ipairs(M.TRACE_FILES) do
     local data = files[name]
-    if data and tr then
-      if tr.artifact then
-        pcall(tr.artifact, tr, "verifier/" .. name, data)
-      elseif type(tr.dir) == "string" then
-        lfs.mkdir(tr.dir)
-        lfs.mkdir(tr.dir .. "/verifier")
-        local f = io.open(tr.dir .. "/verifier/" .. name, "wb")
-        if f then f:write(data) f:close() end
-      end
+    if data and tr.save then
+      pcall(tr.save, tr, name, data)
+    elseif data and type(tr.dir) == "string" then
+      lfs.mkdir(tr.dir)
+      local f = io.open(tr.dir .. "/" .. name, "wb")
+      if f then f:write(data) f:close() end
     end
   end
 end
@@ -511,6 +515,7 @@ function M.setup(ctx)
   local st = state(ctx)
   st.tests = M.read_tree(ctx.task.dir .. "/tests")
   st.workdir = workdir_of(ctx)
+  st.box = ctx.sandbox
   if not st.tests.files[1] then error(ctx.task.dir .. "/tests: empty", 0) end
   M.clear_window(ctx.sandbox)
   trace_event(ctx, "tbench2.reset", { task = ctx.task.id, workdir = st.workdir,
@@ -550,16 +555,16 @@ end
 
 -- The oracle: /solution exists for the solve step only.
 function M.solve(ctx)
-  local task, sb = ctx.task, ctx.sandbox
+  local task, st = ctx.task, state(ctx)
+  local sb = st.box or ctx.sandbox   -- the real box, not the agent's bounded view
   if not task.has_solution then error(task.dir .. "/solution/solve.sh: missing", 0) end
-  local st = state(ctx)
   local _ <close> = defer(function()
     if not sb.alive or sb:alive() then pcall(sb.remove, sb, SOLUTION, { recursive = true }) end
   end)
   assert(remove_path(sb, SOLUTION))
   assert(sb:upload(task.dir .. "/solution", SOLUTION))
-  local limit = task.config.agent_timeout and task.config.agent_timeout
-    * multiplier(config_of(ctx)) or nil
+  local limit = ctx.timeouts and ctx.timeouts.agent
+    or (task.config.agent_timeout or M.NO_AGENT_TIMEOUT) * multiplier(config_of(ctx))
   local env_vars = merge(task.config.environment_env, task.config.solution_env)
   local res = sb:exec({ "bash", "-l", SOLUTION .. "/solve.sh" },
     { cwd = st.workdir or workdir_of(ctx), env = env_vars, timeout = limit })
@@ -640,15 +645,13 @@ M.options = {
     help = "test.sh (canonical) or pytest (run pytest on the staged /tests)" },
   { name = "verify", arg = "MODE", default = "same",
     help = "same (score in the agent's box) or fresh (a new box, agent's files, no processes)" },
-  { name = "command-timeout", arg = "SECONDS",
-    help = "bound on each agent command (default 180, or TB2_COMMAND_TIMEOUT_S)" },
-  { name = "timeout-multiplier", arg = "X", default = 1, help = "scales agent, verifier and build timeouts" },
   { name = "workdir", arg = "PATH", help = "override the Dockerfile's final WORKDIR" },
   { name = "network", arg = "MODE", default = "none", help = "none (own namespace, lo only) or host" },
 }
 
 return env.define {
   name = "tbench2",
+  description = "Terminal-Bench 2 tasks as published (task.toml, environment/, tests/, solution/).",
   options = M.options,
   tasks = M.tasks,
   sandbox = M.sandbox,
