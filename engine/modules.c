@@ -5,11 +5,13 @@
 #include "engine.h"
 
 int luaopen_engine_http_core(lua_State *L);
+int luaopen_engine_proc(lua_State *L);
 
 
 
 static const luaL_Reg modules[] = {
   {"engine.core", luaopen_engine_core},
+  {"engine.proc", luaopen_engine_proc},
   {"engine.http.core", luaopen_engine_http_core},
 
   {NULL, NULL}

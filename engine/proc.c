@@ -1,0 +1,933 @@
+/*
+ * proc.c: child processes (engine.proc) and the engine.Process object that
+ * host and sandboxed children share (see proc.h).
+ *
+ * A Process has three streams (stdin write end, stdout and stderr read
+ * ends), all non-blocking pipes driven by ev_io, and an exit status that
+ * arrives through eng_proc_exited(). At most one task waits on each slot:
+ * a writer (stdin), a reader of stdout, a reader of stderr, and a finisher
+ * (wait/communicate), which captures both outputs up to max_output (the
+ * rest is read and dropped so the child never blocks) until the child has
+ * exited and both outputs reached EOF. Every state change ends in update(),
+ * which wakes whichever waiters can now complete and re-arms the watchers
+ * that somebody needs. Results are built under a protected call on the
+ * main thread and moved to the woken task, so no Lua error can unwind
+ * through libev.
+ *
+ * Host children are started with posix_spawn in their own process group
+ * (kill reaches the whole tree), with signal dispositions reset, all fds
+ * above 2 closed, and an ev_child watcher that outlives the Process: when
+ * a Process is collected while its child still runs, the group is killed
+ * and the watcher reaps the child later, so nothing ever blocks.
+ */
+#include "engine.h"
+#include "proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROC_MT "engine.Process"
+#define CHUNK 65536
+#define READ_BUDGET 16                 /* reads per readiness event */
+#define DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
+
+extern char **environ;
+
+enum { IN, OUT, ERR };
+enum { OP_WRITE, OP_READ, OP_LINE, OP_FINISH, OP_CLOSED };
+
+typedef struct stream {
+  ev_io io;
+  int fd;                 /* -1 once closed (or never there) */
+  int eof;                /* out/err: no more data will come */
+  int werr;               /* in: the pending write failed */
+  int truncated;          /* out/err: bytes were dropped */
+  char *buf;              /* unread (out/err) or unwritten (in) bytes: */
+  size_t off, len, cap;   /* buf[off..len) */
+  size_t scan;            /* bytes after off known to hold no newline */
+  size_t want;            /* read(n): at most n bytes */
+  int op;                 /* what the waiting reader wants */
+  eng_task *waiter;       /* the task waiting on this stream, if any */
+  struct eng_proc *p;
+} stream;
+
+struct eng_proc {
+  stream s[3];
+  ev_timer timer;         /* the finisher's timeout */
+  eng_task *finisher;     /* the task in wait/communicate, if any */
+  int pid;
+  int exited, wstatus, oom;
+  int killed;             /* killed by us: finish without waiting for EOF */
+  int timed_out, released;
+  int capture;            /* read out/err whether or not anyone waits */
+  int close_after;        /* close stdin once the pending bytes are out */
+  size_t max_output;
+  double started, ended;
+  const eng_proc_ops *ops;
+  void *ctx;
+};
+
+static lua_State *main_L;
+static char scratch[CHUNK];
+
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- buffers and streams ------------------------------------------------ */
+
+/* Makes room for n more bytes after len, compacting or growing. 0 on ENOMEM. */
+static int buf_reserve(stream *s, size_t n) {
+  size_t cap;
+  char *b;
+  if (s->off == s->len) s->off = s->len = 0;
+  if (s->cap - s->len >= n) return 1;
+  if (s->off > 0 && s->off >= s->len / 2) {
+    memmove(s->buf, s->buf + s->off, s->len - s->off);
+    s->len -= s->off;
+    s->off = 0;
+    if (s->cap - s->len >= n) return 1;
+  }
+  cap = s->cap ? s->cap : CHUNK;
+  while (cap - s->len < n) cap *= 2;
+  if (!(b = realloc(s->buf, cap))) return 0;
+  s->buf = b;
+  s->cap = cap;
+  return 1;
+}
+
+static void buf_free(stream *s) {
+  free(s->buf);
+  s->buf = NULL;
+  s->off = s->len = s->cap = s->scan = 0;
+}
+
+/* Consumes k unread bytes. */
+static void buf_consume(stream *s, size_t k) {
+  s->off += k;
+  s->scan = 0;
+  if (s->off == s->len) s->off = s->len = 0;
+}
+
+/* Turns the watcher for stream i on or off. */
+static void set_io(eng_proc *p, int i, int on) {
+  stream *s = &p->s[i];
+  if (on && s->fd >= 0 && !ev_is_active(&s->io)) ev_io_start(eng_loop(), &s->io);
+  else if ((!on || s->fd < 0) && ev_is_active(&s->io)) ev_io_stop(eng_loop(), &s->io);
+}
+
+/* Arms exactly the watchers somebody needs. */
+static void arm(eng_proc *p) {
+  set_io(p, IN, p->s[IN].off < p->s[IN].len);
+  for (int i = OUT; i <= ERR; i++)
+    set_io(p, i, !p->s[i].eof && (p->s[i].waiter || p->capture));
+}
+
+/* Closes stream i. Unwritten stdin bytes are dropped (the write failed);
+ * unread output stays readable. */
+static void stream_close(eng_proc *p, int i) {
+  stream *s = &p->s[i];
+  set_io(p, i, 0);
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+  s->eof = 1;
+  if (i == IN) {
+    if (s->off < s->len) s->werr = 1;
+    buf_free(s);
+  }
+}
+
+/* Reads what the pipe holds now (up to a budget) into the buffer. While
+ * capturing past max_output, bytes are read and dropped (truncated), so the
+ * child never blocks. EOF or a read error closes the stream. */
+static void fill(eng_proc *p, int i) {
+  stream *s = &p->s[i];
+  for (int k = 0; k < READ_BUDGET && s->fd >= 0; k++) {
+    size_t have = s->len - s->off, room = CHUNK;
+    char *dst = scratch;
+    if (p->capture && have < p->max_output && p->max_output - have < room)
+      room = p->max_output - have;
+    if ((!p->capture || have < p->max_output) && buf_reserve(s, room))
+      dst = s->buf + s->len;
+    ssize_t n = read(s->fd, dst, room);
+    if (n > 0 && dst == scratch) s->truncated = 1;
+    else if (n > 0) s->len += (size_t)n;
+    else if (n < 0 && errno == EINTR) continue;
+    else if (n < 0 && errno == EAGAIN) return;
+    else stream_close(p, i);
+  }
+}
+
+/* Writes pending stdin bytes until the pipe is full. A broken pipe closes
+ * stdin and fails the pending write; once everything is out, close_after
+ * closes stdin. */
+static void flush_in(eng_proc *p) {
+  stream *s = &p->s[IN];
+  while (s->fd >= 0 && s->off < s->len) {
+    ssize_t n = write(s->fd, s->buf + s->off, s->len - s->off);
+    if (n > 0) s->off += (size_t)n;
+    else if (n < 0 && errno == EINTR) continue;
+    else if (n < 0 && errno == EAGAIN) return;
+    else stream_close(p, IN);
+  }
+  if (s->fd >= 0) buf_free(s);
+  if (s->fd >= 0 && p->close_after) stream_close(p, IN);
+}
+
+/* Queues n bytes for stdin (writing what fits at once). 0 on ENOMEM. */
+static int queue_input(eng_proc *p, const char *data, size_t n) {
+  stream *s = &p->s[IN];
+  while (n > 0 && s->off == s->len) {
+    ssize_t k = write(s->fd, data, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && errno == EAGAIN) break;
+    if (k <= 0) { s->werr = 1; stream_close(p, IN); return 1; }
+    data += k;
+    n -= (size_t)k;
+  }
+  if (n > 0 && !buf_reserve(s, n)) return 0;
+  if (n > 0) memcpy(s->buf + s->len, data, n);
+  s->len += n;
+  flush_in(p);
+  return 1;
+}
+
+/* ---- completing operations ---------------------------------------------- */
+
+static void kill_group(eng_proc *p, int sig) {
+  if (!p->exited && p->ops && p->ops->kill) p->ops->kill(p->ctx, sig);
+}
+
+/* True when the operation op on stream i can complete now. */
+static int ready(eng_proc *p, int i, int op) {
+  stream *s = &p->s[i];
+  switch (op) {
+  case OP_WRITE: return s->werr || s->off == s->len;
+  case OP_READ: return s->eof || s->off < s->len;
+  case OP_LINE:
+    if (s->eof) return 1;
+    if (memchr(s->buf + s->off + s->scan, '\n', s->len - s->off - s->scan)) return 1;
+    s->scan = s->len - s->off;
+    return 0;
+  case OP_FINISH:
+    return p->exited && ((p->s[OUT].eof && p->s[ERR].eof) || p->killed);
+  default: return 1;
+  }
+}
+
+/* Pushes the unread bytes of stream i and frees them. [-0, +1, m] */
+static void push_rest(lua_State *L, stream *s) {
+  lua_pushlstring(L, s->buf ? s->buf + s->off : "", s->len - s->off);
+  buf_free(s);
+}
+
+static void set_flag(lua_State *L, const char *k, int v) {
+  lua_pushboolean(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* Pushes the result table and ends the finish operation: timer stopped,
+ * every stream closed. [-0, +1, m] */
+static void push_result(eng_proc *p, lua_State *L) {
+  if (p->killed) { fill(p, OUT); fill(p, ERR); }
+  lua_createtable(L, 0, 8);
+  if (WIFEXITED(p->wstatus)) lua_pushinteger(L, WEXITSTATUS(p->wstatus));
+  else lua_pushnil(L);
+  lua_setfield(L, -2, "code");
+  if (WIFSIGNALED(p->wstatus)) lua_pushinteger(L, WTERMSIG(p->wstatus));
+  else lua_pushnil(L);
+  lua_setfield(L, -2, "signal");
+  push_rest(L, &p->s[OUT]);
+  lua_setfield(L, -2, "stdout");
+  push_rest(L, &p->s[ERR]);
+  lua_setfield(L, -2, "stderr");
+  set_flag(L, "timed_out", p->timed_out);
+  set_flag(L, "truncated", p->s[OUT].truncated || p->s[ERR].truncated);
+  if (p->oom) set_flag(L, "oom", 1);
+  lua_pushnumber(L, p->ended - p->started);
+  lua_setfield(L, -2, "duration");
+  ev_timer_stop(eng_loop(), &p->timer);
+  p->capture = 0;
+  for (int i = IN; i <= ERR; i++) stream_close(p, i);
+}
+
+/* Pushes a next line of stdout (without its newline), the rest at EOF, or
+ * nil once nothing is left. [-0, +1, m] */
+static void push_line(lua_State *L, stream *s) {
+  size_t have = s->len - s->off;
+  char *nl = have ? memchr(s->buf + s->off, '\n', have) : NULL;
+  size_t k = nl ? (size_t)(nl - (s->buf + s->off)) : have;
+  if (!nl && have == 0) { lua_pushnil(L); return; }
+  lua_pushlstring(L, s->buf + s->off, k);
+  buf_consume(s, nl ? k + 1 : k);
+}
+
+/* Pushes the results of op on stream i, which ready() said can complete.
+ * Returns their count. [-0, +n, m] */
+static int produce(eng_proc *p, int i, int op, lua_State *L) {
+  stream *s = &p->s[i];
+  size_t k = s->len - s->off;
+  switch (op) {
+  case OP_WRITE:
+    if (!s->werr) { lua_pushboolean(L, 1); return 1; }
+    s->werr = 0;
+    return eng_fail(L, "closed");
+  case OP_READ:
+    if (k == 0) { lua_pushnil(L); return 1; }
+    if (k > s->want) k = s->want;
+    lua_pushlstring(L, s->buf + s->off, k);
+    buf_consume(s, k);
+    return 1;
+  case OP_LINE: push_line(L, s); return 1;
+  case OP_FINISH: push_result(p, L); return 1;
+  default: return eng_fail(L, "closed");
+  }
+}
+
+static int produce_k(lua_State *L) {
+  eng_proc *p = lua_touserdata(L, 1);
+  int i = (int)lua_tointeger(L, 2), op = (int)lua_tointeger(L, 3);
+  lua_settop(L, 0);
+  return produce(p, i, op, L);
+}
+
+/* Hands op's results to the waiting task t and wakes it. The results are
+ * built under a protected call on the main thread, so an error (out of
+ * memory) becomes nil, message instead of unwinding through libev. */
+static void deliver(eng_proc *p, eng_task *t, int i, int op) {
+  lua_State *M = main_L, *co = eng_task_thread(t);
+  int base = lua_gettop(M), n;
+  if (!lua_checkstack(M, 8)) { eng_task_wake(t, 0); return; }
+  lua_pushcfunction(M, produce_k);
+  lua_pushlightuserdata(M, p);
+  lua_pushinteger(M, i);
+  lua_pushinteger(M, op);
+  if (eng_pcall(M, 3, LUA_MULTRET) != LUA_OK) { lua_pushnil(M); lua_insert(M, -2); }
+  n = lua_gettop(M) - base;
+  if (!lua_checkstack(co, n)) n = 0;
+  lua_xmove(M, co, n);
+  lua_settop(M, base);
+  eng_task_wake(t, n);
+}
+
+/* Wakes every waiter whose operation can now complete, then re-arms. */
+static void update(eng_proc *p) {
+  for (int i = IN; i <= ERR; i++) {
+    stream *s = &p->s[i];
+    eng_task *t = s->waiter;
+    if (!t || !ready(p, i, s->op)) continue;
+    s->waiter = NULL;
+    deliver(p, t, i, s->op);
+  }
+  if (p->finisher && ready(p, OUT, OP_FINISH)) {
+    eng_task *t = p->finisher;
+    p->finisher = NULL;
+    deliver(p, t, OUT, OP_FINISH);
+  }
+  arm(p);
+}
+
+static void io_cb(struct ev_loop *l, ev_io *w, int revents) {
+  stream *s = (stream *)w;
+  eng_proc *p = s->p;
+  (void)l; (void)revents;
+  if (s == &p->s[IN]) flush_in(p);
+  else fill(p, (int)(s - p->s));
+  update(p);
+}
+
+/* The finisher's timeout: kill the whole group, finish once it is reaped. */
+static void timer_cb(struct ev_loop *l, ev_timer *w, int revents) {
+  eng_proc *p = w->data;
+  (void)l; (void)revents;
+  p->timed_out = 1;
+  kill_group(p, SIGKILL);
+  p->killed = 1;
+  stream_close(p, IN);
+  update(p);
+}
+
+/* ---- the internal API (proc.h) ------------------------------------------ */
+
+void eng_proc_exited(eng_proc *p, int wstatus) {
+  if (p->exited) return;
+  p->exited = 1;
+  p->wstatus = wstatus;
+  p->ended = mono();
+  update(p);
+}
+
+void eng_proc_set_oom(eng_proc *p) { p->oom = 1; }
+
+/* Wakes every waiting task with nil, "closed". */
+static void fail_waiters(eng_proc *p) {
+  for (int i = IN; i <= ERR; i++) {
+    eng_task *t = p->s[i].waiter;
+    p->s[i].waiter = NULL;
+    if (t) deliver(p, t, i, OP_CLOSED);
+  }
+  if (p->finisher) {
+    eng_task *t = p->finisher;
+    p->finisher = NULL;
+    deliver(p, t, OUT, OP_CLOSED);
+  }
+}
+
+/* The one release of __gc and __close: kills a running child's group with
+ * SIGKILL, closes every fd, frees the buffers and forgets ctx. Idempotent,
+ * never raises, never blocks. */
+static void proc_release(eng_proc *p) {
+  if (p->released) return;
+  fail_waiters(p);
+  p->released = 1;
+  kill_group(p, SIGKILL);
+  ev_timer_stop(eng_loop(), &p->timer);
+  for (int i = IN; i <= ERR; i++) {
+    stream_close(p, i);
+    buf_free(&p->s[i]);
+  }
+  if (p->ops && p->ops->release) p->ops->release(p->ctx);
+  p->ops = NULL;
+  p->ctx = NULL;
+}
+
+static void stream_init(eng_proc *p, int i, int fd) {
+  stream *s = &p->s[i];
+  s->p = p;
+  s->fd = fd;
+  s->eof = fd < 0;
+  s->want = SIZE_MAX;
+  if (fd >= 0) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  ev_io_init(&s->io, io_cb, fd, i == IN ? EV_WRITE : EV_READ);
+  s->io.data = p;
+}
+
+static void setup_metatable(lua_State *L);
+
+eng_proc *eng_proc_push(lua_State *L, int pid, int in_fd, int out_fd, int err_fd,
+                        const eng_proc_ops *ops, void *ctx) {
+  eng_proc *p;
+  setup_metatable(L);
+  p = lua_newuserdatauv(L, sizeof *p, 0);
+  memset(p, 0, sizeof *p);
+  p->released = 1;                    /* closed until fully set up */
+  luaL_setmetatable(L, PROC_MT);
+  stream_init(p, IN, in_fd);
+  stream_init(p, OUT, out_fd);
+  stream_init(p, ERR, err_fd);
+  ev_timer_init(&p->timer, timer_cb, 0, 0);
+  p->timer.data = p;
+  p->pid = pid;
+  p->ops = ops;
+  p->ctx = ctx;
+  p->max_output = DEFAULT_MAX_OUTPUT;
+  p->started = mono();
+  p->released = 0;
+  return p;
+}
+
+/* ---- Lua methods ---------------------------------------------------------- */
+
+static eng_proc *to_proc(lua_State *L, int idx) {
+  return luaL_checkudata(L, idx, PROC_MT);
+}
+
+static eng_proc *check_proc(lua_State *L, int idx) {
+  eng_proc *p = to_proc(L, idx);
+  if (p->released) luaL_error(L, "attempt to use a closed process");
+  return p;
+}
+
+static void wait_cleanup(void *data) {
+  stream *s = data;
+  eng_proc *p = s->p;
+  s->waiter = NULL;
+  if (s == &p->s[IN]) { s->off = s->len = 0; buf_free(s); }
+  arm(p);
+}
+
+/* Waits on stream i for op (the running primitive is self), or completes
+ * it at once when the data is there. */
+static int stream_op(lua_State *L, eng_proc *p, int i, int op, lua_CFunction self) {
+  stream *s = &p->s[i];
+  eng_task *t;
+  if (s->waiter || (p->finisher && i != IN))
+    return luaL_error(L, "another task is already waiting on this process");
+  s->op = op;
+  if (i != IN && !ready(p, i, op)) fill(p, i);
+  if (ready(p, i, op)) return produce(p, i, op, L);
+  if (!(t = eng_task_current(L))) return eng_task_block(L, self);
+  s->waiter = t;
+  arm(p);
+  return eng_task_yield(L, wait_cleanup, s);
+}
+
+/* p:write(s) -> true, or nil, "closed" when stdin is closed (by the child
+ * or by us). Yields until every byte is in the pipe. */
+static int l_write(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  size_t n;
+  const char *data = luaL_checklstring(L, 2, &n);
+  stream *s = &p->s[IN];
+  if (s->fd < 0) return eng_fail(L, "closed");
+  if (s->waiter || s->off < s->len)
+    return luaL_error(L, "stdin is busy (another write or a stdin feed)");
+  if (!eng_task_current(L)) return eng_task_block(L, l_write);
+  s->werr = 0;
+  if (!queue_input(p, data, n)) return luaL_error(L, "out of memory");
+  return stream_op(L, p, IN, OP_WRITE, l_write);
+}
+
+/* p:close_stdin(): no more input; a feed in progress still completes. */
+static int l_close_stdin(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  if (p->s[IN].off < p->s[IN].len && !p->s[IN].waiter) p->close_after = 1;
+  else stream_close(p, IN);
+  update(p);
+  return 0;
+}
+
+static size_t opt_size(lua_State *L, int idx, size_t def) {
+  lua_Integer n = luaL_optinteger(L, idx, (lua_Integer)(def > LUA_MAXINTEGER ? LUA_MAXINTEGER : def));
+  luaL_argcheck(L, n > 0, idx, "must be positive");
+  return (size_t)n;
+}
+
+/* p:read([n]) -> the next chunk of stdout (at most n bytes), nil at EOF */
+static int l_read(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  p->s[OUT].want = opt_size(L, 2, SIZE_MAX);
+  return stream_op(L, p, OUT, OP_READ, l_read);
+}
+
+/* p:read_stderr([n]) -> the next chunk of stderr, nil at EOF */
+static int l_read_stderr(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  p->s[ERR].want = opt_size(L, 2, SIZE_MAX);
+  return stream_op(L, p, ERR, OP_READ, l_read_stderr);
+}
+
+/* The iterator of p:lines(): next stdout line without "\n", nil at EOF. */
+static int l_next_line(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  lua_settop(L, 1);
+  return stream_op(L, p, OUT, OP_LINE, l_next_line);
+}
+
+static int l_lines(lua_State *L) {
+  check_proc(L, 1);
+  lua_pushcfunction(L, l_next_line);
+  lua_pushvalue(L, 1);
+  return 2;
+}
+
+/* p:kill([sig]): signals the whole process group (default SIGTERM); a
+ * no-op once the child has exited or the process is closed. */
+static int l_kill(lua_State *L) {
+  eng_proc *p = to_proc(L, 1);
+  int sig = (int)luaL_optinteger(L, 2, SIGTERM);
+  luaL_argcheck(L, sig > 0 && sig < NSIG, 2, "bad signal number");
+  if (!p->released) kill_group(p, sig);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* Cancelled in wait/communicate: kill the group (it is reaped in the
+ * background) and close every stream. */
+static void finish_cleanup(void *data) {
+  eng_proc *p = data;
+  p->finisher = NULL;
+  ev_timer_stop(eng_loop(), &p->timer);
+  kill_group(p, SIGKILL);
+  p->killed = 1;
+  p->capture = 0;
+  for (int i = IN; i <= ERR; i++) stream_close(p, i);
+  update(p);
+}
+
+/* Waits (in the running task) until the child has exited and both outputs
+ * reached EOF, capturing them; after timeout seconds (< 0: never) kills
+ * the group and finishes once the child is reaped. Pushes the result. */
+static int finish(lua_State *L, eng_proc *p, double timeout, size_t max_output) {
+  if (p->finisher || p->s[OUT].waiter || p->s[ERR].waiter)
+    return luaL_error(L, "another task is already waiting on this process");
+  p->capture = 1;
+  p->max_output = max_output;
+  update(p);
+  if (ready(p, OUT, OP_FINISH)) return produce(p, OUT, OP_FINISH, L);
+  if (timeout >= 0) {
+    ev_now_update(eng_loop());
+    ev_timer_set(&p->timer, timeout, 0);
+    ev_timer_start(eng_loop(), &p->timer);
+  }
+  p->finisher = eng_task_current(L);
+  return eng_task_yield(L, finish_cleanup, p);
+}
+
+static double opt_timeout(lua_State *L, int idx) {
+  double t = luaL_optnumber(L, idx, -1);
+  if (lua_isnoneornil(L, idx)) return -1;
+  luaL_argcheck(L, t >= 0, idx, "timeout must not be negative");
+  return t;
+}
+
+/* p:wait([timeout]) -> result (stdout/stderr: what nobody had read) */
+static int l_wait(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  double timeout = opt_timeout(L, 2);
+  if (!eng_task_current(L)) return eng_task_block(L, l_wait);
+  return finish(L, p, timeout, DEFAULT_MAX_OUTPUT);
+}
+
+typedef struct finish_opts {
+  const char *input;      /* NULL: none */
+  size_t input_len, max_output;
+  double timeout;
+} finish_opts;
+
+/* Reads {stdin=, timeout=, max_output=} from the table at idx (or none). */
+static void check_finish_opts(lua_State *L, int idx, finish_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->timeout = -1;
+  o->max_output = DEFAULT_MAX_OUTPUT;
+  if (lua_isnoneornil(L, idx)) return;
+  luaL_checktype(L, idx, LUA_TTABLE);
+  lua_getfield(L, idx, "stdin");
+  if (!lua_isnil(L, -1)) {
+    luaL_argexpected(L, lua_type(L, -1) == LUA_TSTRING, idx, "string opts.stdin");
+    o->input = lua_tolstring(L, -1, &o->input_len);   /* anchored by opts */
+  }
+  lua_getfield(L, idx, "timeout");
+  o->timeout = opt_timeout(L, lua_gettop(L));
+  lua_getfield(L, idx, "max_output");
+  o->max_output = opt_size(L, lua_gettop(L), DEFAULT_MAX_OUTPUT);
+  lua_pop(L, 3);
+}
+
+/* Feeds the input (then closes stdin), or closes stdin when there is none
+ * and no feed is under way. */
+static void start_input(lua_State *L, eng_proc *p, const finish_opts *o) {
+  stream *s = &p->s[IN];
+  if (o->input && s->fd >= 0) {
+    if (s->waiter || s->off < s->len) luaL_error(L, "stdin is busy (another write or a stdin feed)");
+    p->close_after = 1;
+    if (!queue_input(p, o->input, o->input_len)) luaL_error(L, "out of memory");
+  } else if (!p->close_after || s->off == s->len) {
+    stream_close(p, IN);
+  }
+}
+
+/* p:communicate{stdin=, timeout=, max_output=} -> result */
+static int l_communicate(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  finish_opts o;
+  check_finish_opts(L, 2, &o);
+  if (!eng_task_current(L)) return eng_task_block(L, l_communicate);
+  if (p->finisher || p->s[OUT].waiter || p->s[ERR].waiter)
+    return luaL_error(L, "another task is already waiting on this process");
+  start_input(L, p, &o);
+  return finish(L, p, o.timeout, o.max_output);
+}
+
+static int l_close(lua_State *L) {
+  proc_release(to_proc(L, 1));
+  return 0;
+}
+
+static int l_tostring(lua_State *L) {
+  eng_proc *p = to_proc(L, 1);
+  lua_pushfstring(L, "engine.Process (pid %d%s)", p->pid,
+                  p->released ? ", closed" : p->exited ? ", exited" : "");
+  return 1;
+}
+
+/* __index: p.pid, else the methods table (upvalue 1). */
+static int l_index(lua_State *L) {
+  eng_proc *p = to_proc(L, 1);
+  const char *k = lua_tostring(L, 2);
+  if (k && strcmp(k, "pid") == 0) {
+    lua_pushinteger(L, p->pid);
+    return 1;
+  }
+  lua_pushvalue(L, 2);
+  lua_rawget(L, lua_upvalueindex(1));
+  return 1;
+}
+
+static const luaL_Reg proc_methods[] = {
+  {"write", l_write}, {"close_stdin", l_close_stdin}, {"read", l_read},
+  {"read_stderr", l_read_stderr}, {"lines", l_lines}, {"wait", l_wait},
+  {"kill", l_kill}, {"communicate", l_communicate}, {"close", l_close},
+  {NULL, NULL}
+};
+
+/* Creates the engine.Process metatable once (and notes the main thread). */
+static void setup_metatable(lua_State *L) {
+  if (!luaL_newmetatable(L, PROC_MT)) { lua_pop(L, 1); return; }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  main_L = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  luaL_newlib(L, proc_methods);
+  lua_pushcclosure(L, l_index, 1);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, l_close);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, l_close);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, l_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+}
+
+/* ---- host children ---------------------------------------------------------- */
+
+/* The host side of a Process: an ev_child watcher that outlives the Process
+ * when the child is still running at release, and reaps it then. */
+typedef struct host_child {
+  ev_child w;
+  eng_proc *p;            /* NULL once the Process let go */
+  int reaped;
+} host_child;
+
+/* Signals the child's process group, only while the child is unreaped: after
+ * that its pid (and group id) may belong to somebody else. */
+static void host_kill(void *ctx, int sig) {
+  host_child *h = ctx;
+  if (!h->reaped) kill(-h->w.pid, sig);
+}
+
+static void host_release(void *ctx) {
+  host_child *h = ctx;
+  if (h->reaped) { free(h); return; }
+  h->p = NULL;
+  ev_unref(eng_loop());   /* an orphan does not keep the loop alive */
+}
+
+static void child_cb(struct ev_loop *l, ev_child *w, int revents) {
+  host_child *h = (host_child *)w;
+  (void)revents;
+  h->reaped = 1;
+  if (!h->p) ev_ref(l);
+  ev_child_stop(l, w);
+  if (h->p) eng_proc_exited(h->p, w->rstatus);
+  else free(h);
+}
+
+static const eng_proc_ops host_ops = { host_kill, host_release };
+
+typedef struct spawn_req {
+  const char **argv;
+  char **envp;
+  const char *cwd;
+} spawn_req;
+
+/* cmd (a shell string or an argv table of strings) as a NULL-terminated
+ * argv whose strings cmd anchors. Raises on bad types. [-0, +1, m] */
+static const char **check_argv(lua_State *L, int idx) {
+  const char **argv;
+  lua_Integer n;
+  if (lua_type(L, idx) == LUA_TSTRING) {
+    argv = lua_newuserdatauv(L, 4 * sizeof *argv, 0);
+    argv[0] = "/bin/sh";
+    argv[1] = "-c";
+    argv[2] = lua_tostring(L, idx);
+    argv[3] = NULL;
+    return argv;
+  }
+  luaL_argexpected(L, lua_type(L, idx) == LUA_TTABLE, idx, "string or argv table");
+  n = luaL_len(L, idx);
+  luaL_argcheck(L, n >= 1, idx, "empty argv");
+  argv = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *argv, 0);
+  for (lua_Integer i = 1; i <= n; i++) {
+    if (lua_geti(L, idx, i) != LUA_TSTRING) luaL_argerror(L, idx, "argv entries must be strings");
+    argv[i - 1] = lua_tostring(L, -1);
+    lua_pop(L, 1);
+  }
+  argv[n] = NULL;
+  return argv;
+}
+
+/* opts.env as an envp (NULL when absent). Pushes the "K=V" strings'
+ * anchor and the array. [-0, +2, m] */
+static char **check_env(lua_State *L, int opts) {
+  char **envp;
+  int n = 0;
+  lua_newtable(L);
+  if (opts == 0 || lua_getfield(L, opts, "env") == LUA_TNIL) {
+    lua_pushnil(L);
+    return NULL;
+  }
+  luaL_argexpected(L, lua_istable(L, -1), opts, "table opts.env");
+  for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) {
+    if (lua_type(L, -2) != LUA_TSTRING || !lua_isstring(L, -1))
+      luaL_argerror(L, opts, "opts.env must map strings to strings");
+    lua_pushfstring(L, "%s=%s", lua_tostring(L, -2), lua_tostring(L, -1));
+    lua_rawseti(L, -5, ++n);
+  }
+  lua_pop(L, 1);
+  envp = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *envp, 0);
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, -2, i);
+    envp[i - 1] = (char *)lua_tostring(L, -1);
+    lua_pop(L, 1);
+  }
+  envp[n] = NULL;
+  return envp;
+}
+
+/* A string field of opts, or NULL. [-0, +0, v] */
+static const char *opt_string(lua_State *L, int opts, const char *k, size_t *len) {
+  const char *s = NULL;
+  if (opts == 0) return NULL;
+  lua_getfield(L, opts, k);
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "opts.%s must be a string", k);
+    s = lua_tolstring(L, -1, len);     /* anchored by opts */
+  }
+  lua_pop(L, 1);
+  return s;
+}
+
+/* Checks cmd and opts (cwd, env); raises on bad types. [-0, +3, v] */
+static void check_spawn(lua_State *L, int cmd, int opts, spawn_req *r) {
+  if (opts && !lua_isnoneornil(L, opts)) luaL_checktype(L, opts, LUA_TTABLE);
+  else opts = 0;
+  r->argv = check_argv(L, cmd);
+  r->envp = check_env(L, opts);
+  r->cwd = opt_string(L, opts, "cwd", NULL);
+}
+
+static void close_all(int *fds, int n) {
+  for (int i = 0; i < n; i++) if (fds[i] >= 0) close(fds[i]);
+}
+
+/* Pipes: child[i] is the child's end of stream i, mine[i] the engine's. */
+static int open_pipes(int child[3], int mine[3]) {
+  int fd[2];
+  for (int i = 0; i < 3; i++) child[i] = mine[i] = -1;
+  for (int i = 0; i < 3; i++) {
+    if (pipe2(fd, O_CLOEXEC) < 0) {
+      int e = errno;
+      close_all(child, 3);
+      close_all(mine, 3);
+      return e;
+    }
+    child[i] = fd[i == IN ? 0 : 1];
+    mine[i] = fd[i == IN ? 1 : 0];
+  }
+  return 0;
+}
+
+/* posix_spawnp with the pipes on 0/1/2, every other fd closed, its own
+ * process group, default signal dispositions and an empty signal mask.
+ * Returns 0 or an errno. */
+static int spawn_with(const spawn_req *r, const int child[3], pid_t *pid) {
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  sigset_t none, all;
+  int e;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&at);
+  for (int i = 0; i < 3; i++) posix_spawn_file_actions_adddup2(&fa, child[i], i);
+  if (r->cwd) posix_spawn_file_actions_addchdir_np(&fa, r->cwd);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&at, 0);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setsigdefault(&at, &all);
+  e = posix_spawnp(pid, r->argv[0], &fa, &at, (char *const *)r->argv,
+                   r->envp ? r->envp : environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  return e;
+}
+
+/* Starts the child and pushes its Process, or nil, "spawn: <strerror>". */
+static int do_spawn(lua_State *L, const spawn_req *r) {
+  int child[3], mine[3], e;
+  pid_t pid;
+  host_child *h = calloc(1, sizeof *h);
+  if (!h) return luaL_error(L, "out of memory");
+  luaL_checkstack(L, 4, "spawn");
+  if ((e = open_pipes(child, mine)) != 0) {
+    free(h);
+    lua_pushnil(L);
+    lua_pushfstring(L, "spawn: %s", strerror(e));
+    return 2;
+  }
+  e = spawn_with(r, child, &pid);
+  close_all(child, 3);
+  if (e) {
+    close_all(mine, 3);
+    free(h);
+    lua_pushnil(L);
+    lua_pushfstring(L, "spawn: %s", strerror(e));
+    return 2;
+  }
+  ev_child_init(&h->w, child_cb, pid, 0);
+  ev_child_start(eng_loop(), &h->w);
+  h->p = eng_proc_push(L, pid, mine[IN], mine[OUT], mine[ERR], &host_ops, h);
+  return 1;
+}
+
+/* proc.spawn(cmd, opts) -> Process, or nil, "spawn: <strerror>".
+ * opts: cwd, env (replaces the whole environment), stdin (a string fed to
+ * the child, then stdin is closed; absent: stdin is a pipe for p:write). */
+static int l_spawn(lua_State *L) {
+  spawn_req r;
+  size_t n = 0;
+  const char *input;
+  eng_proc *p;
+  check_spawn(L, 1, 2, &r);
+  input = opt_string(L, lua_istable(L, 2) ? 2 : 0, "stdin", &n);
+  if (do_spawn(L, &r) != 1) return 2;
+  p = lua_touserdata(L, -1);
+  if (input) {
+    p->close_after = 1;
+    if (!queue_input(p, input, n)) return luaL_error(L, "out of memory");
+    arm(p);
+  }
+  return 1;
+}
+
+/* proc.run(cmd, opts) -> result: spawn, then communicate. opts: cwd, env,
+ * stdin, timeout, max_output. */
+static int l_run(lua_State *L) {
+  spawn_req r;
+  finish_opts o;
+  eng_proc *p;
+  lua_settop(L, 2);
+  check_spawn(L, 1, 2, &r);
+  check_finish_opts(L, 2, &o);
+  if (!eng_task_current(L)) return eng_task_block(L, l_run);
+  if (do_spawn(L, &r) != 1) return 2;
+  p = lua_touserdata(L, -1);
+  start_input(L, p, &o);
+  return finish(L, p, o.timeout, o.max_output);
+}
+
+static const luaL_Reg proc_funcs[] = {
+  {"spawn", l_spawn}, {"run", l_run}, {NULL, NULL}
+};
+
+int luaopen_engine_proc(lua_State *L) {
+  setup_metatable(L);
+  luaL_newlib(L, proc_funcs);
+  return 1;
+}
