@@ -179,6 +179,13 @@ static int l_signal(lua_State *L) {
   return 1;
 }
 
+/* engine.cancel_all(): what the first Ctrl-C does, without the signal. */
+static int l_cancel_all(lua_State *L) {
+  (void)L;
+  eng_task_cancel_all();
+  return 0;
+}
+
 /* engine.live_tasks() -> number of unfinished tasks */
 static int l_live_tasks(lua_State *L) {
   lua_pushinteger(L, eng_task_live());
@@ -212,7 +219,8 @@ void eng_loop_init(lua_State *L) {
 static const luaL_Reg loop_funcs[] = {
   {"sleep", l_sleep}, {"now", l_now}, {"monotonic", l_monotonic},
   {"deadline", l_deadline}, {"on_interrupt", l_on_interrupt},
-  {"signal", l_signal}, {"live_tasks", l_live_tasks}, {NULL, NULL}
+  {"signal", l_signal}, {"live_tasks", l_live_tasks},
+  {"cancel_all", l_cancel_all}, {NULL, NULL}
 };
 
 /* require "engine.core": the C half of the root module. */

@@ -6,6 +6,8 @@
 
 int luaopen_engine_http_core(lua_State *L);
 int luaopen_engine_proc(lua_State *L);
+int luaopen_engine_edit(lua_State *L);
+int luaopen_engine_archive(lua_State *L);
 
 
 
@@ -13,6 +15,8 @@ static const luaL_Reg modules[] = {
   {"engine.core", luaopen_engine_core},
   {"engine.proc", luaopen_engine_proc},
   {"engine.http.core", luaopen_engine_http_core},
+  {"engine.edit", luaopen_engine_edit},
+  {"engine.archive", luaopen_engine_archive},
 
   {NULL, NULL}
 };

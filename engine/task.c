@@ -451,7 +451,11 @@ static int l_join(lua_State *L) {
   waiter *w;
   if (t->status >= T_DONE) { lua_settop(L, 1); return push_outcome(L, t); }
   if (self == t) return luaL_error(L, "a task cannot join itself");
-  if (!self) return eng_task_block(L, l_join);
+  if (!self) {  /* drive the loop here: Ctrl-C cancels t, not this wait */
+    run_until_finished(L, t);
+    lua_settop(L, 1);
+    return push_outcome(L, t);
+  }
   w = malloc(sizeof *w);
   if (!w) return luaL_error(L, "out of memory");
   w->task = self;

@@ -19,13 +19,18 @@ local function die(msg, status)
   return status or 2
 end
 
--- Cancels what a finished script left running and lets its cleanups run.
-local function drain_tasks()
+-- Cancels what a finished script left running (background tasks such as a
+-- pool's sweeper) and lets their cleanups run, for at most `grace` seconds.
+local function drain_tasks(grace)
   if engine.live_tasks() == 0 then return end
-  local t = engine.spawn(function()
-    engine.sleep(0)
+  engine.cancel_all()
+  local waiter = engine.spawn(function()
+    local deadline = engine.monotonic() + (grace or 10)
+    while engine.live_tasks() > 1 and engine.monotonic() < deadline do
+      engine.sleep(0.005)
+    end
   end)
-  t:join()
+  waiter:join()
 end
 
 -- Exit status after a script task ended: interrupted runs say how.

@@ -1,0 +1,158 @@
+/*
+ * edit.c: line editing for the REPL on libedit's readline interface, in its
+ * callback mode so the loop (and every background task) keeps running while
+ * the prompt waits. `edit.readline(prompt)` is a blocking primitive like any
+ * other: it yields the calling task until a line, Ctrl-D or an interrupt.
+ */
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <editline/readline.h>
+
+typedef struct read_op {
+  ev_io io;
+  eng_task *task;
+} read_op;
+
+static read_op *pending;          /* at most one prompt at a time */
+static int completer_ref = LUA_NOREF;
+static lua_State *main_L;
+
+static void stop_reading(void) {
+  ev_io_stop(eng_loop(), &pending->io);
+  rl_callback_handler_remove();
+  free(pending);
+  pending = NULL;
+}
+
+/* Hands the result at main_L's top (a line, nil for EOF, false for an
+ * interrupt) to the waiting task. [-1, +0, -] */
+static void finish_read(void) {
+  eng_task *t = pending->task;
+  stop_reading();
+  lua_xmove(main_L, eng_task_thread(t), 1);
+  eng_task_wake(t, 1);
+}
+
+static void line_cb(char *line) {
+  if (!pending) { free(line); return; }
+  if (line) lua_pushstring(main_L, line);
+  else lua_pushnil(main_L);
+  free(line);
+  finish_read();
+}
+
+static void stdin_cb(struct ev_loop *l, ev_io *w, int revents) {
+  (void)l; (void)w; (void)revents;
+  rl_callback_read_char();
+}
+
+static void read_cleanup(void *data) {
+  (void)data;
+  if (pending) stop_reading();
+}
+
+/* edit.readline(prompt) -> line | nil (EOF) | false (interrupted) */
+static int l_readline(lua_State *L) {
+  const char *prompt = luaL_checkstring(L, 1);
+  eng_task *t = eng_task_current(L);
+  if (!t) return eng_task_block(L, l_readline);
+  if (pending) return luaL_error(L, "edit.readline: a prompt is already waiting");
+  pending = malloc(sizeof *pending);
+  if (!pending) return luaL_error(L, "out of memory");
+  pending->task = t;
+  ev_io_init(&pending->io, stdin_cb, STDIN_FILENO, EV_READ);
+  ev_io_start(eng_loop(), &pending->io);
+  rl_callback_handler_install(prompt, line_cb);
+  return eng_task_yield(L, read_cleanup, NULL);
+}
+
+/* edit.interrupt() -> true if a prompt was waiting (it returns false) */
+static int l_interrupt(lua_State *L) {
+  if (!pending) { lua_pushboolean(L, 0); return 1; }
+  fputs("^C\n", stdout);
+  fflush(stdout);
+  lua_pushboolean(main_L, 0);
+  finish_read();
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* Asks the Lua completer for the matches of `text`; NULL-terminated, malloc'd. */
+static char **complete(const char *text, int start, int end) {
+  char **matches;
+  int n;
+  (void)start; (void)end;
+  rl_attempted_completion_over = 1;
+  if (completer_ref == LUA_NOREF) return NULL;
+  lua_rawgeti(main_L, LUA_REGISTRYINDEX, completer_ref);
+  lua_pushstring(main_L, text);
+  if (eng_pcall(main_L, 1, 1) != LUA_OK || !lua_istable(main_L, -1)) {
+    lua_pop(main_L, 1);
+    return NULL;
+  }
+  n = (int)luaL_len(main_L, -1);
+  if (n == 0) { lua_pop(main_L, 1); return NULL; }
+  matches = calloc((size_t)n + 2, sizeof *matches);
+  if (!matches) { lua_pop(main_L, 1); return NULL; }
+  matches[0] = strdup(n == 1 ? "" : text);   /* the common prefix slot */
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(main_L, -1, i);
+    matches[i] = strdup(lua_tostring(main_L, -1) ? lua_tostring(main_L, -1) : "");
+    lua_pop(main_L, 1);
+  }
+  if (n == 1) { free(matches[0]); matches[0] = matches[1]; matches[1] = NULL; }
+  lua_pop(main_L, 1);
+  return matches;
+}
+
+/* edit.set_completer(fn(text) -> {candidates}) */
+static int l_set_completer(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  luaL_unref(L, LUA_REGISTRYINDEX, completer_ref);
+  lua_pushvalue(L, 1);
+  completer_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+static int l_add_history(lua_State *L) {
+  add_history(luaL_checkstring(L, 1));
+  return 0;
+}
+
+/* edit.load_history(path), edit.save_history(path): best effort. */
+static int l_load_history(lua_State *L) {
+  read_history(luaL_checkstring(L, 1));
+  return 0;
+}
+
+static int l_save_history(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  stifle_history(1000);
+  lua_pushboolean(L, write_history(path) == 0);
+  return 1;
+}
+
+static const luaL_Reg edit_funcs[] = {
+  {"readline", l_readline}, {"interrupt", l_interrupt},
+  {"set_completer", l_set_completer}, {"add_history", l_add_history},
+  {"load_history", l_load_history}, {"save_history", l_save_history},
+  {NULL, NULL}
+};
+
+int luaopen_engine_edit(lua_State *L) {
+  lua_State *main;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  main = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  main_L = main;
+  rl_catch_signals = 0;
+  rl_basic_word_break_characters = " \t\n\"\\'`@$><=;|&{(,+-*/%^~#[]";
+  rl_attempted_completion_function = complete;
+  rl_completion_append_character = '\0';
+  luaL_newlib(L, edit_funcs);
+  return 1;
+}

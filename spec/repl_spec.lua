@@ -1,0 +1,138 @@
+-- The REPL end to end, through a real pseudo-terminal (tmux), reading the
+-- screen a person would see.
+local engine = require "engine"
+local ENGINE = engine.root .. "/" .. (os.getenv("BUILD") or "build") .. "/engine"
+
+local Screen = {}
+Screen.__index = Screen
+
+local function sh(cmd)
+  local f = io.popen(cmd .. " 2>&1")
+  local out = f:read("a")
+  f:close()
+  return out
+end
+
+local function open_screen(args, env)
+  local self = setmetatable({ sock = "engine-spec-" .. math.random(1, 1e9) }, Screen)
+  self.home = os.tmpname()
+  os.remove(self.home)
+  os.execute("mkdir -p " .. self.home)
+  sh(string.format("tmux -L %s new-session -d -s r -x 120 -y 50 'HOME=%s %s %s repl %s'",
+    self.sock, self.home, env or "", ENGINE, args or ""))
+  return self
+end
+
+function Screen:tmux(args) return sh("tmux -L " .. self.sock .. " " .. args) end
+-- The screen with trailing blanks trimmed, so "...>$" means "at the prompt".
+function Screen:text()
+  local text = self:tmux("capture-pane -p -t r -S -100")
+  return (text:gsub("[ \t]+\n", "\n"):gsub("%s+$", ""))
+end
+function Screen:keys(...) self:tmux("send-keys -t r " .. table.concat({ ... }, " ")) end
+function Screen:type(s) self:tmux("send-keys -t r -l " .. string.format("%q", s)) end
+function Screen:line(s) self:type(s); self:keys("Enter") end
+
+-- Waits until the screen matches pattern; returns the screen text.
+function Screen:expect(pattern, timeout)
+  local deadline = engine.monotonic() + (timeout or 10)
+  repeat
+    local text = self:text()
+    if text:find(pattern) then return text end
+    engine.sleep(0.05)
+  until engine.monotonic() > deadline
+  error("screen never matched " .. pattern .. ":\n" .. self:text(), 2)
+end
+
+function Screen:close()
+  self:tmux("kill-server")
+  os.execute("rm -rf " .. self.home)
+end
+
+describe("engine repl", function()
+  local s
+  after_each(function() if s then s:close() s = nil end end)
+
+  it("evaluates expressions and pretty-prints tables with cycles marked", function()
+    s = open_screen()
+    s:expect("Ctrl%-D exits")
+    s:line('x = {1, 2, a = {b = "c"}}')
+    s:line("x")
+    s:expect('{ 1, 2, a = { b = "c" } }')
+    s:line("t = {}; t.self = t")
+    s:line("t")
+    s:expect("self = <cycle")
+  end)
+
+  it("reads multi-line chunks", function()
+    s = open_screen()
+    s:expect(">$")
+    s:line("for i = 1, 3 do")
+    s:expect(">>$")
+    s:line("io.write(i * 11, ' ')")
+    s:line("end")
+    s:expect("11 22 33")
+  end)
+
+  it("runs each line as a task: blocking primitives and background tasks work", function()
+    s = open_screen()
+    s:expect(">$")
+    s:line("bg = engine.spawn(function() engine.sleep(0.2) return 42 end)")
+    s:line("engine.sleep(0.3); print(bg:status())")
+    s:expect("\ndone\n")
+    s:line("bg:join()")
+    s:expect("true%s+42")
+  end)
+
+  it("Ctrl-C cancels the running line and returns to the prompt", function()
+    s = open_screen()
+    s:expect(">$")
+    s:line("engine.sleep(30)")
+    engine.sleep(0.3)
+    s:keys("C-c")
+    s:expect("cancelled\n>$")
+    s:line("print('still alive')")
+    s:expect("still alive")
+  end)
+
+  it("Ctrl-C at the prompt drops the half-typed line", function()
+    s = open_screen()
+    s:expect(">$")
+    s:type("this is not lua")
+    s:keys("C-c")
+    s:line("print(1 + 1)")
+    local text = s:expect("\n2\n")
+    assert.is_nil(text:find("syntax error"))
+  end)
+
+  it("shows errors without the REPL's own frames", function()
+    s = open_screen()
+    s:expect(">$")
+    s:line('error("oops")')
+    local text = s:expect("stdin:1: oops")
+    assert.is_nil(text:find("repl.lua"))
+  end)
+
+  it("completes globals and table fields with Tab", function()
+    s = open_screen()
+    s:expect(">$")
+    s:type("engine.mono")
+    s:keys("Tab")
+    s:expect("engine%.monotonic")
+  end)
+
+  it("keeps history in the user's home and exits on Ctrl-D", function()
+    s = open_screen()
+    s:expect(">$")
+    s:line("print('remember me')")
+    s:expect("remember me")
+    s:keys("C-d")
+    local deadline = engine.monotonic() + 5
+    while s:tmux("has-session -t r"):match("^$") and engine.monotonic() < deadline do
+      engine.sleep(0.05)
+    end
+    local f = assert(io.open(s.home .. "/.engine_history"))
+    assert.matches("remember.040me", f:read("a"))  -- libedit's history encoding
+    f:close()
+  end)
+end)
