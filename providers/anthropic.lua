@@ -1,0 +1,135 @@
+-- providers.anthropic: Anthropic's Messages API with tool use, behind the
+-- same interface as providers.openai (neutral messages and tools in, the
+-- same result shape out; see providers/openai.lua).
+--
+--   local p = require("providers.anthropic").new{base_url, api_key_env, model,
+--     extra_body, max_concurrency, prices, max_retries, timeout, max_tokens,
+--     anthropic_version, headers}
+--   p:complete{messages, tools, model, max_tokens, temperature, extra_body}
+local engine = require "engine"
+local json = require "engine.json"
+local model = require "providers.model"
+
+local M = {}
+
+local Anthropic = model.extend{ provider = "anthropic" }
+
+function M.new(config)
+  local self = model.base(config, { base_url = "https://api.anthropic.com/v1",
+    api_key_env = "ANTHROPIC_API_KEY", max_tokens = 4096,
+    anthropic_version = "2023-06-01" })
+  return setmetatable(self, Anthropic)
+end
+
+-- Content blocks for one neutral message.
+local function blocks(m)
+  if m.role == "tool" then
+    return { { type = "tool_result", tool_use_id = m.tool_call_id,
+               content = m.content or "", is_error = m.is_error or nil } }
+  end
+  local out = {}
+  if m.content and m.content ~= "" then out[1] = { type = "text", text = m.content } end
+  for _, c in ipairs(m.role == "assistant" and m.tool_calls or {}) do
+    out[#out + 1] = { type = "tool_use", id = c.id, name = c.name,
+                      input = c.arguments or json.safe_decode(c.raw_arguments or "") or {} }
+  end
+  return out
+end
+
+-- Neutral messages -> (system text, alternating messages). Tool results
+-- become user turns; consecutive turns of one role are merged.
+local function convert_messages(messages)
+  local system, out = {}, {}
+  for _, m in ipairs(messages) do
+    if m.role == "system" then
+      system[#system + 1] = m.content
+    else
+      local role = m.role == "assistant" and "assistant" or "user"
+      local last = out[#out]
+      if last and last.role == role then
+        for _, b in ipairs(blocks(m)) do last.content[#last.content + 1] = b end
+      else
+        out[#out + 1] = { role = role, content = json.array(blocks(m)) }
+      end
+    end
+  end
+  return #system > 0 and table.concat(system, "\n\n") or nil, out
+end
+
+local function build(self, opts, model_name)
+  local system, msgs = convert_messages(opts.messages or {})
+  local body = { model = model_name, system = system, messages = json.array(msgs),
+                 max_tokens = opts.max_tokens or self.max_tokens,
+                 temperature = opts.temperature or self.temperature }
+  if opts.tools and #opts.tools > 0 then
+    body.tools = {}
+    for i, t in ipairs(opts.tools) do
+      body.tools[i] = { name = t.name, description = t.description,
+                        input_schema = t.parameters or { type = "object" } }
+    end
+  end
+  for _, extra in ipairs{ self.extra_body or {}, opts.extra_body or {} } do
+    for k, v in pairs(extra) do body[k] = v end
+  end
+  return body
+end
+
+local FINISH = { end_turn = "stop", stop_sequence = "stop", tool_use = "tool_calls",
+                 max_tokens = "length" }
+
+-- Response body -> result, or nil, "bad_response: ..."
+local function parse(v)
+  if type(v.content) ~= "table" then
+    return nil, "bad_response: anthropic: no content in the response"
+  end
+  local text, calls = {}, {}
+  for _, b in ipairs(v.content) do
+    if type(b) == "table" and b.type == "text" and type(b.text) == "string" then
+      text[#text + 1] = b.text
+    elseif type(b) == "table" and b.type == "tool_use" then
+      local args = type(b.input) == "table" and b.input or {}
+      calls[#calls + 1] = { id = tostring(b.id), name = tostring(b.name),
+                            arguments = args, raw_arguments = json.encode(args) }
+    end
+  end
+  local u = type(v.usage) == "table" and v.usage or {}
+  local input = (tonumber(u.input_tokens) or 0) + (tonumber(u.cache_read_input_tokens) or 0)
+    + (tonumber(u.cache_creation_input_tokens) or 0)
+  local content = #text > 0 and table.concat(text) or nil
+  local stop = type(v.stop_reason) == "string" and v.stop_reason or nil
+  return { message = { role = "assistant", content = content, tool_calls = calls },
+           tool_calls = calls, model = v.model, id = v.id,
+           finish_reason = FINISH[stop] or stop or (#calls > 0 and "tool_calls" or "stop"),
+           usage = { input_tokens = input, output_tokens = tonumber(u.output_tokens) or 0 } }
+end
+
+function Anthropic:request_headers()
+  local h = { ["Content-Type"] = "application/json",
+              ["anthropic-version"] = self.anthropic_version }
+  if self.has_key then h["x-api-key"] = self:key() end
+  for k, v in pairs(self.headers or {}) do h[k] = v end
+  return h
+end
+
+-- provider:complete(opts) -> result | nil, err, info
+function Anthropic:complete(opts)
+  local model_name = opts.model or self.model
+  if type(model_name) ~= "string" then error("anthropic: no model given (config.model)", 2) end
+  local t0 = engine.monotonic()
+  local res, err, info = self:post("/messages", build(self, opts, model_name),
+                                   self:request_headers())
+  if not res then return nil, err, info end
+  local v, derr = model.decode(res, "anthropic")
+  local out
+  if v then out, derr = parse(v) end
+  if not out then
+    self.totals.failures = self.totals.failures + 1
+    return nil, derr, { kind = "bad_response", status = res.status }
+  end
+  out.latency = engine.monotonic() - t0
+  out.cost = self:add_usage(model_name, out.usage.input_tokens, out.usage.output_tokens,
+                            out.latency)
+  return out
+end
+
+return M
