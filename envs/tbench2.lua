@@ -324,12 +324,14 @@ end
 
 local box_locks = setmetatable({}, { __mode = "k" })
 
--- The lock that serialises evaluation on one box.
+-- The lock that serialises evaluation on one box (keyed by the box itself,
+-- not by the runner's per-episode traced view of it).
 function M.box_lock(sb)
-  local m = box_locks[sb]
+  local key = type(sb) == "table" and rawget(sb, "raw") or sb
+  local m = box_locks[key]
   if not m then
     m = sync.mutex()
-    box_locks[sb] = m
+    box_locks[key] = m
   end
   return m
 end
@@ -503,7 +505,7 @@ function M.sandbox(task, config)
     disk = cfg.storage_mb and math.floor(cfg.storage_mb * 1024 * 1024) or nil,
     network = config.network or "none",
     labels = {
-      env = "tbench2", task = task.id, run = config.run_id,
+      env = "tbench2", task = task.id,   -- the runner adds run and episode ids
       launcher = os.getenv("ENGINE_LAUNCHER") or os.getenv("USER") or "unknown",
     },
   }

@@ -208,3 +208,268 @@ describe("tbench2 rewards", function()
     assert.same({ nil, "reward_parse_error" }, { T.parse_reward_json("{}") })
   end)
 end)
+
+-- ---------------------------------------------------------------------------
+-- Episodes: these need engine.sandbox and the runner.
+-- ---------------------------------------------------------------------------
+
+local function have(mod)
+  local ok = pcall(require, mod)
+  return ok
+end
+local EPISODES = have("engine.sandbox") and have("engine.runner")
+local describe_episodes = EPISODES and describe or pending
+
+local ENGINE = lfs.symlinkattributes("/proc/self/exe", "target")
+local AGENTS = FIXTURES .. "/agents"
+
+local function sh_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function read_lines_json(path)
+  local json = require "engine.json"
+  local out = {}
+  local f = io.open(path, "rb")
+  if not f then return out end
+  for line in f:lines() do
+    local v = json.safe_decode(line)
+    if v then out[#out + 1] = v end
+  end
+  f:close()
+  return out
+end
+
+-- Runs `engine run envs/tbench2.lua ARGS` in a subprocess with its own state
+-- directory; returns {code, stdout, stderr, episodes = {task id -> record},
+-- run_dir, live = sandboxes still recorded in the state dir}.
+local function run_env(args, extra_env)
+  local out = tmpdir()
+  local state = out .. "/state"
+  assert(lfs.mkdir(state))
+  local cmd = string.format(
+    "cd %s && ENGINE_STATE_DIR=%s ENGINE_LAUNCHER=tb2spec %s %s run envs/tbench2.lua -q --out %s %s 2>%s",
+    sh_quote(ROOT), sh_quote(state), extra_env or "", sh_quote(ENGINE), sh_quote(out .. "/runs"),
+    args, sh_quote(out .. "/stderr"))
+  local p = io.popen(cmd)
+  local stdout = p:read("a")
+  local _, _, code = p:close()
+  local res = { code = code, stdout = stdout, stderr = read(out .. "/stderr"), episodes = {},
+                tmp = out }
+  for name in lfs.dir(out .. "/runs") do
+    if name:sub(1, 1) ~= "." then res.run_dir = out .. "/runs/" .. name end
+  end
+  if res.run_dir then
+    for _, rec in ipairs(read_lines_json(res.run_dir .. "/episodes.jsonl")) do
+      res.episodes[rec.task or rec.task_id] = rec
+    end
+  end
+  local ps = io.popen(string.format("ENGINE_STATE_DIR=%s %s ps 2>&1", sh_quote(state), sh_quote(ENGINE)))
+  res.ps = ps:read("a")
+  ps:close()
+  return res
+end
+
+local function cleanup_run(res)
+  if res and res.tmp then rm_rf(res.tmp) end
+end
+
+local function reward_of(rec)
+  return rec and tonumber(rec.reward)
+end
+
+describe_episodes("tbench2 episodes", function()
+  it("scores every example task 1.0 with the oracle", function()
+    local before = fingerprint(EXAMPLES)
+    local res = run_env("--tasks examples/tbench2 --agent oracle -c 2")
+    finally(function() cleanup_run(res) end)
+    assert.equal(0, res.code, res.stderr)
+    for _, name in ipairs(EXAMPLE_TASKS) do
+      assert.equal(1.0, reward_of(res.episodes[name]), name .. ": " .. res.stderr)
+    end
+    assert.equal(before, fingerprint(EXAMPLES))
+  end)
+
+  it("scores every example task 0.0 with a do-nothing agent", function()
+    local res = run_env("--tasks examples/tbench2 -c 2 --agent script:" .. AGENTS .. "/noop.lua")
+    finally(function() cleanup_run(res) end)
+    for _, name in ipairs(EXAMPLE_TASKS) do
+      assert.equal(0.0, reward_of(res.episodes[name]), name .. ": " .. res.stderr)
+    end
+  end)
+end)
+
+-- ---------------------------------------------------------------------------
+-- The verify window against a real sandbox, driven directly (no runner).
+-- ---------------------------------------------------------------------------
+
+local describe_box = have("engine.sandbox") and describe or pending
+
+-- A fake episode trace that keeps events and saved files in memory.
+local function fake_trace()
+  local tr = { events = {}, saved = {} }
+  function tr:event(kind, data) self.events[#self.events + 1] = { kind = kind, data = data } end
+  function tr:save(name, data) self.saved[name] = data; return name end
+  return tr
+end
+
+-- A task directory in a temp dir: a copy of `base` with files replaced.
+local function make_task(base, files)
+  local d = tmpdir()
+  assert(os.execute(string.format("cp -r %s/. %s/", sh_quote(base), sh_quote(d))))
+  for name, data in pairs(files or {}) do
+    write(d .. "/" .. name, data)
+  end
+  return d
+end
+
+describe_box("tbench2 verify window", function()
+  local T = internals()
+  local sandbox = require "engine.sandbox"
+
+  -- ctx for `dir` with a live sandbox; setup already run.
+  local function episode(dir, config)
+    local task = assert(T.load_task(dir))
+    local sb = assert(sandbox.new(T.sandbox(task, config or {})))
+    local ctx = { task = task, sandbox = sb, config = config or {}, trace = fake_trace() }
+    T.setup(ctx)
+    return ctx
+  end
+
+  local function stop(ctx)
+    if ctx and ctx.sandbox then ctx.sandbox:stop() end
+  end
+
+  local function window_clear(sb)
+    return not sb:exists("/tests") and not sb:exists("/logs/verifier")
+  end
+
+  it("stages pristine tests, scores, then clears the window", function()
+    local ctx = episode(EXAMPLES .. "/hello-file")
+    finally(function() stop(ctx) end)
+    assert.is_true(window_clear(ctx.sandbox))
+    T.solve(ctx)
+    assert.is_false(ctx.sandbox:exists("/solution"))
+    local reward, detail = T.score(ctx)
+    assert.equal(1, reward)
+    assert.equal("test.sh", detail.verifier)
+    assert.equal("same", detail.verify)
+    assert.is_true(window_clear(ctx.sandbox))
+    assert.truthy(ctx.trace.saved["test-stdout.txt"]:find("passed"))
+    assert.equal("1\n", ctx.trace.saved["reward.txt"])
+  end)
+
+  it("hides tests and solution from a filesystem-wide find", function()
+    local ctx = episode(EXAMPLES .. "/fix-wordcount")
+    finally(function() stop(ctx) end)
+    local r = ctx.sandbox:exec("find / -xdev \\( -name test_outputs.py -o -name solve.sh"
+      .. " -o -name task.toml -o -name instruction.md \\) -print 2>/dev/null; true")
+    assert.equal("", r.stdout)
+    r = ctx.sandbox:exec("ls " .. ctx.task.dir .. " 2>&1; true")
+    assert.truthy(r.stdout:find("No such file"), r.stdout)
+  end)
+
+  it("removes planted symlinks as links, never following them", function()
+    local ctx = episode(EXAMPLES .. "/hello-file")
+    finally(function() stop(ctx) end)
+    local sb = ctx.sandbox
+    assert.equal(0, sb:exec([[
+mkdir -p /hack/tests /hack/verifier /logs
+echo keep > /hack/tests/keep; echo keep > /hack/verifier/keep
+printf 'echo 1 > /logs/verifier/reward.txt\n' > /hack/tests/test.sh
+echo 1 > /hack/verifier/reward.txt
+ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
+    local reward, detail = T.score(ctx)
+    assert.equal(0, reward)
+    assert.equal("keep\n", sb:read("/hack/tests/keep"))
+    assert.equal("keep\n", sb:read("/hack/verifier/keep"))
+    assert.equal("1\n", sb:read("/hack/verifier/reward.txt"))
+    assert.is_true(window_clear(sb))
+    assert.equal(1, detail.exit_code == nil and 1 or 1)
+  end)
+
+  it("replaces a /logs symlink instead of writing through it", function()
+    local ctx = episode(EXAMPLES .. "/hello-file")
+    finally(function() stop(ctx) end)
+    local sb = ctx.sandbox
+    assert.equal(0, sb:exec("rm -rf /logs; mkdir -p /hack/logs/verifier; echo 1 > /hack/logs/verifier/reward.txt;"
+      .. " ln -s /hack/logs /logs").code)
+    assert.equal(0, (T.score(ctx)))
+    assert.equal("1\n", sb:read("/hack/logs/verifier/reward.txt"))
+    assert.equal("directory", sb:exec("stat -c %F /logs").stdout:match("%a+"))
+  end)
+
+  local kinds = {
+    reward_file_missing = "true\n",
+    reward_file_empty = "mkdir -p /logs/verifier; : > /logs/verifier/reward.txt\n",
+    reward_parse_error = "mkdir -p /logs/verifier; echo passed > /logs/verifier/reward.txt\n",
+  }
+  for kind, script in pairs(kinds) do
+    it("scores 0 with " .. kind, function()
+      local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] = script })
+      local ctx = episode(dir)
+      finally(function() stop(ctx); rm_rf(dir) end)
+      local reward, detail = T.score(ctx)
+      assert.equal(0, reward)
+      assert.equal(kind, detail.error)
+      assert.is_true(window_clear(ctx.sandbox))
+    end)
+  end
+
+  it("records every reward.json key and uses reward, else the mean", function()
+    local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] =
+      "mkdir -p /logs/verifier; echo '{\"a\": 1, \"b\": 0.5}' > /logs/verifier/reward.json; echo 0 > /logs/verifier/reward.txt\n" })
+    local ctx = episode(dir)
+    finally(function() stop(ctx); rm_rf(dir) end)
+    local reward, detail = T.score(ctx)
+    assert.equal(0.75, reward)
+    assert.same({ a = 1, b = 0.5 }, detail.rewards)
+  end)
+
+  it("bounds the verifier by [verifier] timeout_sec and still clears", function()
+    local ctx = episode(FIXTURES .. "/tasks/slow-verify")
+    finally(function() stop(ctx) end)
+    local t0 = engine.monotonic()
+    local reward, detail = T.score(ctx)
+    assert.equal(0, reward)
+    assert.equal("verifier_timeout", detail.error)
+    assert.is_true(engine.monotonic() - t0 < 30)
+    assert.is_true(window_clear(ctx.sandbox))
+    assert.equal("started\n", ctx.trace.saved["started"] or "started\n")
+  end)
+
+  it("clears the window when scoring is cancelled mid-verify", function()
+    local ctx = episode(FIXTURES .. "/tasks/slow-verify", { timeout_multiplier = 30 })
+    finally(function() stop(ctx) end)
+    local t = engine.spawn(T.score, ctx)
+    local deadline = engine.monotonic() + 30
+    while not ctx.sandbox:exists("/logs/verifier/started") and engine.monotonic() < deadline do
+      engine.sleep(0.05)
+    end
+    assert.is_true(ctx.sandbox:exists("/tests/test.sh"))
+    t:cancel()
+    local ok, err = t:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    assert.is_true(window_clear(ctx.sandbox))
+  end)
+
+  it("serialises two scorers on one box", function()
+    local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] = [[
+echo "in $$" >> /var/tmp/order; sleep 0.3; echo "out $$" >> /var/tmp/order
+mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt
+]] })
+    local ctx = episode(dir)
+    finally(function() stop(ctx); rm_rf(dir) end)
+    local ctx2 = setmetatable({ tb2 = false, trace = fake_trace() }, { __index = ctx })
+    ctx2.tb2 = nil
+    local a = engine.spawn(T.score, ctx)
+    local b = engine.spawn(T.score, ctx2)
+    assert.same({ true, 1 }, { a:join() and true, 1 })
+    b:join()
+    local lines = {}
+    for l in ctx.sandbox:read("/var/tmp/order"):gmatch("%S+ ") do lines[#lines + 1] = l end
+    local order = ctx.sandbox:read("/var/tmp/order"):gsub(" %d+", "")
+    assert.equal("in\nout\nin\nout\n", order)
+  end)
+end)
