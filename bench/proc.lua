@@ -1,0 +1,43 @@
+-- bench/proc.lua: engine.proc's spawn+wait rate as a ratio of a C baseline
+-- (bench/proc_baseline.c: posix_spawn /bin/true + waitpid) run in the same
+-- invocation. Usage: engine run bench/proc.lua [BASELINE_BINARY] [N]
+local engine = require "engine"
+local proc = require "engine.proc"
+local sync = require "engine.sync"
+
+local baseline = arg[1] or (engine.root .. "/build/bench/proc_baseline")
+local n = tonumber(arg[2]) or 1000
+
+local function rate_of(fn)
+  local t0 = engine.monotonic()
+  fn()
+  return n / (engine.monotonic() - t0)
+end
+
+local function sequential()
+  for _ = 1, n do assert(proc.run({ "/bin/true" }).code == 0) end
+end
+
+local function concurrent(width)
+  local sem, tasks = sync.semaphore(width), {}
+  for i = 1, n do
+    sem:acquire()
+    tasks[i] = engine.spawn(function()
+      local r = proc.run({ "/bin/true" })
+      sem:release()
+      return r.code
+    end)
+  end
+  for i = 1, n do assert(select(2, tasks[i]:join()) == 0) end
+end
+
+local r = assert(proc.run({ baseline, tostring(n) }))
+local base = tonumber(r.stdout:match("rate ([%d.]+)"))
+if not base then error("baseline " .. baseline .. " failed: " .. r.stdout .. r.stderr) end
+
+sequential()   -- warm-up at the same N the baseline ran
+local seq = rate_of(sequential)
+local conc = rate_of(function() concurrent(50) end)
+print(string.format("N = %d spawns of /bin/true; C baseline (posix_spawn + waitpid): %.0f/s", n, base))
+print(string.format("engine proc.run, sequential:    ratio %.2f of baseline (%.0f/s)", seq / base, seq))
+print(string.format("engine proc.run, 50 concurrent: ratio %.2f of baseline (%.0f/s)", conc / base, conc))
