@@ -1,0 +1,197 @@
+-- engine.image: turns a sandbox spec's `image` into stacked layer dirs.
+--
+--   image.resolve(image, spec) -> {layers = {top_dir, ..., bottom}, config =
+--     {workdir, env, user, cmd, entrypoint, shell, labels, expose}} | nil, err
+--
+-- image is {dockerfile = PATH, context = DIR, args = {...}, network =
+-- "host", timeout = s, quiet = bool}, "archive:FILE.tar", a name mapped with
+-- image.map(name, base) or in the ENGINE_IMAGE_MAP JSON file ({"name":
+-- base}), or an already resolved {layers = ...}. The bottom of `layers` may
+-- be the string "host" (the host allow-list lower). Built and imported
+-- layers live in the shared store (engine.layers).
+local archive = require "engine.archive"
+local json = require "engine.json"
+local layers = require "engine.layers"
+
+local M = {}
+
+local DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+local mapping = {}
+local map_file_cache
+
+-- image.map(name, base): FROM name (or image = name) means base, which is
+-- "host", a rootfs directory, "archive:FILE", or another mapped name.
+-- image.map(name, nil) removes the mapping.
+function M.map(name, base)
+  if type(name) ~= "string" then error("image.map: name must be a string", 2) end
+  mapping[name] = base
+end
+
+local function file_mapping()
+  local path = os.getenv("ENGINE_IMAGE_MAP")
+  if not path or path == "" then return {} end
+  if map_file_cache and map_file_cache.path == path then return map_file_cache.map end
+  local text = layers.read_file(path)
+  local ok, v = pcall(json.decode, text or "")
+  if not ok or type(v) ~= "table" then
+    io.stderr:write("engine: ENGINE_IMAGE_MAP ", path, ": not a JSON object, ignored\n")
+    v = {}
+  end
+  map_file_cache = { path = path, map = v }
+  return v
+end
+
+-- The base a name is mapped to, trying "name:tag" then "name". Or nil.
+function M.mapped(name)
+  local plain = name:match("^(.-):[%w][%w_.%-]*$")
+  local fm = file_mapping()
+  return mapping[name] or fm[name] or (plain and (mapping[plain] or fm[plain])) or nil
+end
+
+-- The default config of a base that brings none.
+function M.default_config()
+  return { env = { PATH = DEFAULT_PATH }, workdir = "/", shell = { "/bin/sh", "-c" },
+           labels = {}, expose = {} }
+end
+
+-- Fills the missing fields of a config with defaults.
+function M.normalize_config(cfg)
+  local d = M.default_config()
+  cfg = cfg or {}
+  for k, v in pairs(d) do if cfg[k] == nil then cfg[k] = v end end
+  return cfg
+end
+
+local store_cache
+-- The shared layer store (opened once per root).
+function M.store()
+  local root = os.getenv("ENGINE_IMAGE_DIR")
+  local state = os.getenv("ENGINE_STATE_DIR")
+  local want = (root or "") .. "|" .. (state or "")
+  if store_cache and store_cache.want == want then return store_cache.store end
+  local s, err = layers.open()
+  if not s then return nil, err end
+  store_cache = { want = want, store = s }
+  return s
+end
+
+-- ---- looking through stacked layers ----------------------------------------
+
+local function is_whiteout(st)
+  return st and st.type == "char" and st.rdev == 0
+end
+
+-- stat of what `path` (absolute) shows through the stack, or nil. Honours
+-- whiteouts and opaque directories; "host" means the host path itself.
+function M.lookup(stack, path)
+  local parts = {}
+  for p in path:gmatch("[^/]+") do parts[#parts + 1] = p end
+  for _, dir in ipairs(stack) do
+    if dir == "host" then
+      local st = archive.stat(path)
+      return st, st and path or nil
+    end
+    local base = dir
+    local acc, blocked, opaque = base, false, false
+    for i, p in ipairs(parts) do
+      acc = acc .. "/" .. p
+      local st = archive.stat(acc)
+      if is_whiteout(st) then return nil end
+      if not st then blocked = true break end
+      if i == #parts then return st, acc end
+      if st.type ~= "dir" then return nil end
+      if archive.xattr(acc, "trusted.overlay.opaque") == "y" then opaque = true end
+    end
+    if #parts == 0 then return archive.stat(base), base end
+    if opaque and blocked then return nil end
+  end
+  return nil
+end
+
+-- Contents of the file `path` shows through the stack, or nil.
+function M.read_visible(stack, path)
+  local st, real = M.lookup(stack, path)
+  if not st or st.type ~= "file" then return nil end
+  return layers.read_file(real)
+end
+
+-- uid of user (name or number) and its primary gid, through the stack's
+-- /etc/passwd. Returns uid, gid or nil, err.
+function M.user_ids(stack, user)
+  if user == nil or user == "" then return 0, 0 end
+  local name, group = user:match("^([^:]*):?(.*)$")
+  local uid, gid = tonumber(name), nil
+  if not uid then
+    for line in (M.read_visible(stack, "/etc/passwd") or ""):gmatch("[^\n]+") do
+      local n, u, g = line:match("^([^:]*):[^:]*:(%d+):(%d+):")
+      if n == name then uid, gid = tonumber(u), tonumber(g) break end
+    end
+    if not uid then return nil, "unknown user " .. name end
+  end
+  if group ~= "" then
+    gid = tonumber(group)
+    if not gid then
+      for line in (M.read_visible(stack, "/etc/group") or ""):gmatch("[^\n]+") do
+        local n, g = line:match("^([^:]*):[^:]*:(%d+):")
+        if n == group then gid = tonumber(g) break end
+      end
+      if not gid then return nil, "unknown group " .. group end
+    end
+  end
+  return uid, gid or uid
+end
+
+-- ---- resolving -------------------------------------------------------------
+
+local function resolve_string(image, spec, depth)
+  if image == "host" then
+    return { layers = { "host" }, config = M.default_config(), key = archive.sha256("base:host") }
+  end
+  if image:sub(1, 8) == "archive:" then
+    local store, err = M.store()
+    if not store then return nil, err end
+    return require("engine.image_import").import(store, image:sub(9))
+  end
+  local st = archive.stat(image)
+  if image:sub(1, 1) == "/" and st and st.type == "dir" then
+    local real = archive.realpath(image)
+    return { layers = { real }, config = M.default_config(), key = archive.sha256("base:dir:" .. real) }
+  end
+  local base = M.mapped(image)
+  if base and depth < 8 then return M.resolve(base, spec, depth + 1) end
+  return nil, "unknown image '" .. image .. "'"
+end
+
+-- image.resolve(image, spec) -> {layers, config, key} | nil, err
+function M.resolve(image, spec, depth)
+  depth = depth or 0
+  if type(image) == "string" then return resolve_string(image, spec, depth) end
+  if type(image) ~= "table" then return nil, "image must be a string or a table" end
+  if image.layers then
+    return { layers = image.layers, config = M.normalize_config(image.config), key = image.key }
+  end
+  if image.archive then return resolve_string("archive:" .. image.archive, spec, depth) end
+  if image.dockerfile then
+    local store, err = M.store()
+    if not store then return nil, err end
+    return require("engine.image_build").build(store, image, spec)
+  end
+  return nil, "image table needs dockerfile, archive or layers"
+end
+
+-- Resolves the base named by FROM. Unknown names fall back to host and say so.
+function M.resolve_base(name, warn)
+  if name == "scratch" then return { layers = {}, config = M.default_config(),
+                                     key = archive.sha256("base:scratch") } end
+  local r, err = resolve_string(name, nil, 0)
+  if r then return r end
+  if err and err:match("^unknown image") then
+    warn(string.format("unknown base image '%s', using host instead " ..
+      "(map it with image.map or ENGINE_IMAGE_MAP)", name))
+    return resolve_string("host", nil, 0)
+  end
+  return nil, err
+end
+
+return M

@@ -1,0 +1,528 @@
+-- engine.image_build: runs a Dockerfile against the layer store.
+--
+-- Every instruction advances a chain key: key = sha256(previous key,
+-- instruction after expansion, digests of the files it reads). COPY, ADD
+-- and RUN make a layer stored under that key (a cache hit makes nothing);
+-- the others change only the image config. RUN runs in a build sandbox whose
+-- writable layer, kept on disk, becomes the new layer. A lock per key makes
+-- two builders of the same key share one layer.
+local engine = require "engine"
+local archive = require "engine.archive"
+local json = require "engine.json"
+local dockerfile = require "engine.dockerfile"
+local image = require "engine.image"
+
+local M = {}
+
+local Build = {}
+Build.__index = Build
+
+local BUILD_ERROR = {}
+
+local function sha(...) return archive.sha256(table.concat({ ... }, "\n")) end
+
+local function copy_table(t)
+  local out = {}
+  for k, v in pairs(t or {}) do out[k] = type(v) == "table" and copy_table(v) or v end
+  return out
+end
+
+local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
+local function basename(p) return p:match("([^/]*)/*$") end
+
+-- Normalizes an absolute path: no ".", "..", or repeated "/".
+local function clean_abs(p)
+  local out = {}
+  for part in p:gmatch("[^/]+") do
+    if part == ".." then out[#out] = nil elseif part ~= "." then out[#out + 1] = part end
+  end
+  return "/" .. table.concat(out, "/")
+end
+
+function Build:fail(ins, fmt, ...)
+  local msg = string.format("%s:%d: " .. fmt, self.file, ins and ins.line or 0, ...)
+  error(setmetatable({ message = msg }, BUILD_ERROR), 0)
+end
+
+function Build:say(line)
+  if not self.quiet then io.stderr:write("[image] ", line, "\n") end
+end
+
+function Build:warn(ins, msg)
+  io.stderr:write(string.format("engine: %s:%d: warning: %s\n", self.file, ins.line, msg))
+end
+
+-- One progress line: FILE:LINE [i/n] INSTRUCTION status.
+function Build:progress(ins, status)
+  local text = ins.text:gsub("%s+", " ")
+  if #text > 70 then text = text:sub(1, 67) .. "..." end
+  self:say(string.format("%s:%d [%d/%d] %s  %s", self.short, ins.line, self.index, self.count,
+    text, status))
+end
+
+-- Variables visible to expansion: build args, then the image env on top.
+function Build:vars()
+  local v = {}
+  for k, val in pairs(self.args) do v[k] = val end
+  for k, val in pairs(self.config.env) do v[k] = val end
+  return v
+end
+
+function Build:expand(s) return dockerfile.expand(s, self:vars()) end
+
+-- Advances the chain with a config-only instruction.
+function Build:chain(ins, canonical)
+  self.key = sha(self.key, ins.cmd, canonical)
+end
+
+-- ---- files through the stack -----------------------------------------------
+
+-- Resolves symlinks in the directory part of an image path (as the image
+-- sees them), so a write to /lib/x on a merged-/usr base lands in usr/lib.
+function Build:resolve_parent(path)
+  local parts, out, hops = {}, {}, 0
+  for p in path:gmatch("[^/]+") do parts[#parts + 1] = p end
+  local i = 1
+  while i < #parts do
+    local cur = "/" .. table.concat(out, "/") .. (#out > 0 and "/" or "") .. parts[i]
+    local st, real = image.lookup(self.layers, cur)
+    if st and st.type == "link" and hops < 40 then
+      hops = hops + 1
+      local target = archive.readlink(real)
+      local abs = target:sub(1, 1) == "/" and target or ("/" .. table.concat(out, "/") .. "/" .. target)
+      local rest = { table.unpack(parts, i + 1) }
+      parts, out, i = {}, {}, 1
+      for p in clean_abs(abs):gmatch("[^/]+") do parts[#parts + 1] = p end
+      for _, p in ipairs(rest) do parts[#parts + 1] = p end
+    else
+      out[#out + 1] = parts[i]
+      i = i + 1
+    end
+  end
+  out[#out + 1] = parts[#parts]
+  return clean_abs("/" .. table.concat(out, "/"))
+end
+
+-- mkdir -p of path inside the new layer fs. Directories the stack already
+-- has keep their mode and owner; new ones get 0755 and uid/gid.
+function Build:ensure_dir(fs, path, uid, gid)
+  local acc = ""
+  for p in path:gmatch("[^/]+") do
+    acc = acc .. "/" .. p
+    if not archive.stat(fs .. acc) then
+      local st = image.lookup(self.layers, acc)
+      local ok, err
+      if st and st.type == "dir" then
+        ok, err = archive.mkdir(fs .. acc, st.mode, st.uid, st.gid)
+      else
+        ok, err = archive.mkdir(fs .. acc, 493, uid or 0, gid or 0)  -- 0755
+      end
+      if not ok then return nil, err end
+    end
+  end
+  return true
+end
+
+-- ---- context files ---------------------------------------------------------
+
+local file_digests = {}
+
+-- sha256 of a file, remembered per (path, size, mtime, inode).
+local function file_digest(path, st)
+  local k = table.concat({ path, st.size, st.mtime, st.mtime_ns, st.ino }, "|")
+  local d = file_digests[k]
+  if not d then
+    d = assert(archive.digest_file(path))
+    file_digests[k] = d
+  end
+  return d
+end
+
+local function tree_lines(path, rel, out)
+  local st = assert(archive.stat(path))
+  local line = string.format("%s %s %o", rel, st.type, st.mode)
+  if st.type == "file" then line = line .. " " .. file_digest(path, st)
+  elseif st.type == "link" then line = line .. " -> " .. (archive.readlink(path) or "") end
+  out[#out + 1] = line
+  if st.type == "dir" then
+    for _, n in ipairs(archive.list(path) or {}) do tree_lines(path .. "/" .. n, rel .. "/" .. n, out) end
+  end
+end
+
+-- Digest of a file or tree: names, types, modes, contents, link targets.
+function M.tree_digest(path)
+  local out = {}
+  tree_lines(path, ".", out)
+  return archive.sha256(table.concat(out, "\n"))
+end
+
+-- Lua pattern for one Go filepath.Match component.
+local function glob_pattern(g)
+  local out, i = { "^" }, 1
+  while i <= #g do
+    local c = g:sub(i, i)
+    if c == "*" then out[#out + 1] = "[^/]*"
+    elseif c == "?" then out[#out + 1] = "[^/]"
+    elseif c == "[" then
+      local close = g:find("]", i + 2, true)
+      if not close then out[#out + 1] = "%[" else
+        out[#out + 1] = "[" .. g:sub(i + 1, close - 1):gsub("^!", "^"):gsub("%%", "%%%%") .. "]"
+        i = close
+      end
+    elseif c == "\\" and i < #g then i = i + 1 out[#out + 1] = "%" .. g:sub(i, i)
+    else out[#out + 1] = c:match("%w") and c or "%" .. c end
+    i = i + 1
+  end
+  return table.concat(out) .. "$"
+end
+
+-- Context paths matching a COPY source pattern, sorted. Raises on "..".
+function Build:glob(ins, pattern)
+  local matches = { self.context }
+  for part in pattern:gmatch("[^/]+") do
+    if part == ".." then self:fail(ins, "source %s is outside the build context", pattern) end
+    if part ~= "." then
+      local next_matches = {}
+      for _, dir in ipairs(matches) do
+        if part:find("[%*%?%[\\]") then
+          local pat = glob_pattern(part)
+          for _, n in ipairs(archive.list(dir) or {}) do
+            if n:match(pat) then next_matches[#next_matches + 1] = dir .. "/" .. n end
+          end
+        elseif archive.stat(dir .. "/" .. part) then
+          next_matches[#next_matches + 1] = dir .. "/" .. part
+        end
+      end
+      matches = next_matches
+    end
+  end
+  table.sort(matches)
+  return matches
+end
+
+-- ---- instructions ----------------------------------------------------------
+
+local H = {}
+
+-- Declares ARG NAME[=default] ...: a build arg given by the caller wins,
+-- then the default, then the value declared before FROM.
+local function declare_args(b, ins, into, vars)
+  local ws, err = dockerfile.words(ins.args)
+  if not ws or #ws == 0 then b:fail(ins, "ARG: %s", err or "needs a name") end
+  local canon = {}
+  for _, w in ipairs(ws) do
+    local name, default = w:match("^([^=]+)=(.*)$")
+    if name then default = dockerfile.expand(default, vars) else name, default = w, b.global_args[w] end
+    local given = b.build_args[name]
+    into[name] = given ~= nil and tostring(given) or default
+    canon[#canon + 1] = name .. "=" .. tostring(into[name])
+  end
+  return table.concat(canon, " ")
+end
+
+function H.ARG(b, ins)
+  b:chain(ins, declare_args(b, ins, b.args, b:vars()))
+end
+
+function H.ENV(b, ins)
+  local list, err = dockerfile.pairs(ins.args, b:vars(), true)
+  if not list then b:fail(ins, "ENV: %s", err) end
+  local canon = {}
+  for _, kv in ipairs(list) do
+    b.config.env[kv[1]] = kv[2]
+    canon[#canon + 1] = kv[1] .. "=" .. kv[2]
+  end
+  b:chain(ins, table.concat(canon, "\0"))
+end
+
+function H.LABEL(b, ins)
+  local list, err = dockerfile.pairs(ins.args, b:vars(), false)
+  if not list then b:fail(ins, "LABEL: %s", err) end
+  for _, kv in ipairs(list) do b.config.labels[kv[1]] = kv[2] end
+  b:chain(ins, b:expand(ins.args))
+end
+
+function H.MAINTAINER(b, ins)
+  b.config.labels.maintainer = ins.args
+  b:chain(ins, ins.args)
+end
+
+function H.WORKDIR(b, ins)
+  local dir = b:expand(ins.args)
+  if dir:sub(1, 1) ~= "/" then dir = b.config.workdir .. "/" .. dir end
+  b.config.workdir = clean_abs(dir)
+  b:chain(ins, b.config.workdir)
+end
+
+function H.USER(b, ins)
+  b.config.user = b:expand(ins.args)
+  b:chain(ins, b.config.user)
+end
+
+function H.SHELL(b, ins)
+  if not ins.json or #ins.json == 0 then b:fail(ins, "SHELL needs the JSON form, e.g. [\"/bin/bash\", \"-c\"]") end
+  b.config.shell = ins.json
+  b:chain(ins, json.encode(ins.json))
+end
+
+-- argv of CMD/ENTRYPOINT/RUN: exec form as is, shell form through SHELL.
+function Build:argv(ins, text)
+  if ins.json then return ins.json end
+  local argv = copy_table(self.config.shell)
+  argv[#argv + 1] = text or ins.args
+  return argv
+end
+
+function H.CMD(b, ins)
+  b.config.cmd = b:argv(ins)
+  b:chain(ins, json.encode(b.config.cmd))
+end
+
+function H.ENTRYPOINT(b, ins)
+  b.config.entrypoint = b:argv(ins)
+  b.config.cmd = nil
+  b:chain(ins, json.encode(b.config.entrypoint))
+end
+
+function H.EXPOSE(b, ins)
+  for _, p in ipairs(dockerfile.words(b:expand(ins.args)) or {}) do
+    b.config.expose[#b.config.expose + 1] = p
+  end
+  b:chain(ins, b:expand(ins.args))
+end
+
+function H.VOLUME(b, ins)
+  b.config.volumes = ins.json or dockerfile.words(b:expand(ins.args))
+  b:chain(ins, json.encode(b.config.volumes))
+end
+
+function H.STOPSIGNAL(b, ins)
+  b.config.stopsignal = b:expand(ins.args)
+  b:chain(ins, b.config.stopsignal)
+end
+
+function H.HEALTHCHECK(b, ins)
+  b.config.healthcheck = ins.args
+  b:chain(ins, ins.args)
+end
+
+-- Makes (or finds) the layer for key with make(fs); pushes it on the stack.
+function Build:layer(ins, key, make)
+  local t0 = engine.monotonic()
+  local fs, hit = self.store:ensure(key, function(fs)
+    make(fs)
+    return { created_by = ins.text, parent = self.keys[1] }
+  end, self.timeout)
+  if not fs then self:fail(ins, "%s", hit or "layer failed") end
+  table.insert(self.layers, 1, fs)
+  table.insert(self.keys, 1, key)
+  self.key = key
+  self.made = self.made + (hit and 0 or 1)
+  self:progress(ins, hit and "cached" or string.format("%.2fs", engine.monotonic() - t0))
+end
+
+-- chmod -R for COPY --chmod.
+local function chmod_tree(path, mode)
+  local st = archive.stat(path)
+  if not st or st.type == "link" then return end
+  archive.chmod(path, mode)
+  if st.type == "dir" then
+    for _, n in ipairs(archive.list(path) or {}) do chmod_tree(path .. "/" .. n, mode) end
+  end
+end
+
+-- Copies one context path src (stat st) to image path dest in layer fs.
+function Build:place(ins, fs, src, st, dest, into_dir, o)
+  if st.type == "dir" then
+    assert(self:ensure_dir(fs, dest, o.uid, o.gid))
+    for _, n in ipairs(archive.list(src) or {}) do
+      local ok, err = archive.copy(src .. "/" .. n, fs .. dest .. "/" .. n, o)
+      if not ok then self:fail(ins, "%s: %s", ins.cmd, err) end
+      if o.chmod then chmod_tree(fs .. dest .. "/" .. n, o.chmod) end
+    end
+    return
+  end
+  if o.add and st.type == "file" then
+    assert(self:ensure_dir(fs, dest, o.uid, o.gid))
+    local n, err = archive.extract(src, fs .. dest, { uid = o.chown and o.uid or nil, gid = o.gid })
+    if n then return end
+    if err ~= "not an archive" then self:fail(ins, "ADD %s: %s", basename(src), err) end
+  end
+  local target = into_dir and (dest .. "/" .. basename(src)) or dest
+  assert(self:ensure_dir(fs, dirname(target), o.uid, o.gid))
+  local ok, err = archive.copy(src, fs .. target, o)
+  if not ok then self:fail(ins, "%s: %s", ins.cmd, err) end
+  if o.chmod then chmod_tree(fs .. target, o.chmod) end
+end
+
+-- COPY and ADD: sources from the context (globs, directories), --chown,
+-- --chmod; ADD unpacks local tar archives.
+local function copy_like(b, ins)
+  if ins.flags.from then b:fail(ins, "%s --from is not supported (multi-stage builds)", ins.cmd) end
+  if ins.heredocs then b:fail(ins, "%s with a heredoc is not supported", ins.cmd) end
+  local words = ins.json or dockerfile.words(b:expand(ins.args))
+  if not words or #words < 2 then b:fail(ins, "%s needs a source and a destination", ins.cmd) end
+  local dest = words[#words]
+  local into_dir = dest:sub(-1) == "/" or #words > 2
+  if dest:sub(1, 1) ~= "/" then dest = b.config.workdir .. "/" .. dest end
+  dest = b:resolve_parent(clean_abs(dest))
+  local sources, inputs = {}, {}
+  for i = 1, #words - 1 do
+    if words[i]:match("^%a[%w+.-]*://") then b:fail(ins, "%s from a URL is not supported", ins.cmd) end
+    local found = b:glob(ins, words[i])
+    if #found == 0 then b:fail(ins, "%s: no such file in the context: %s", ins.cmd, words[i]) end
+    for _, f in ipairs(found) do
+      sources[#sources + 1] = f
+      inputs[#inputs + 1] = f:sub(#b.context + 2) .. "=" .. M.tree_digest(f)
+    end
+  end
+  into_dir = into_dir or #sources > 1
+  local visible = image.lookup(b.layers, dest)
+  if visible and visible.type == "dir" then into_dir = true end
+  local o = { add = ins.cmd == "ADD", uid = 0, gid = 0, chown = ins.flags.chown }
+  if ins.flags.chown then
+    o.uid, o.gid = image.user_ids(b.layers, b:expand(ins.flags.chown))
+    if not o.uid then b:fail(ins, "%s --chown: %s", ins.cmd, o.gid) end
+  end
+  if ins.flags.chmod then
+    o.chmod = tonumber(ins.flags.chmod, 8)
+    if not o.chmod then b:fail(ins, "%s --chmod: not an octal mode", ins.cmd) end
+  end
+  local key = sha(b.key, ins.cmd, json.encode(ins.flags), json.encode(words), dest,
+    table.concat(inputs, "\n"))
+  b:layer(ins, key, function(fs)
+    for _, src in ipairs(sources) do
+      b:place(ins, fs, src, assert(archive.stat(src)), dest, into_dir, o)
+    end
+  end)
+end
+
+H.COPY = copy_like
+H.ADD = copy_like
+
+-- Last n lines of s.
+local function tail(s, n)
+  local lines = {}
+  for l in (s or ""):gmatch("[^\n]*") do lines[#lines + 1] = l end
+  while #lines > 0 and lines[#lines] == "" do lines[#lines] = nil end
+  return table.concat(lines, "\n", math.max(1, #lines - n + 1))
+end
+
+-- The env a RUN sees: the image env plus the build args.
+function Build:run_env()
+  local env = {}
+  for k, v in pairs(self.args) do env[k] = v end
+  for k, v in pairs(self.config.env) do env[k] = v end
+  return env
+end
+
+function H.RUN(b, ins)
+  for flag in pairs(ins.flags) do
+    if flag ~= "network" then b:fail(ins, "RUN --%s is not supported", flag) end
+  end
+  local argv, stdin
+  if ins.heredocs then
+    local rest = ins.args:gsub("<<%-?[\"']?[%a_][%w_]*[\"']?", ""):gsub("^%s+", ""):gsub("%s+$", "")
+    if rest == "" then argv = b:argv(ins, ins.heredocs[1].body)
+    else argv, stdin = b:argv(ins, rest), ins.heredocs[1].body end
+  else
+    argv = b:argv(ins)
+  end
+  local env = b:run_env()
+  local key = sha(b.key, "RUN", json.encode(argv), stdin or "")
+  b:layer(ins, key, function(fs)
+    b:progress(ins, "running")
+    local res, err = M.run_in_sandbox(b, fs, argv, env, stdin)
+    if not res then b:fail(ins, "RUN: %s", err) end
+    if res.code ~= 0 or res.timed_out then
+      local out = tail((res.stdout or "") .. (res.stderr or ""), 20)
+      if not b.quiet then io.stderr:write(out, "\n") end
+      b:fail(ins, "RUN %s%s\n%s", res.timed_out and "timed out" or
+        ("failed with exit code " .. tostring(res.code)),
+        res.signal and (" (signal " .. tostring(res.signal) .. ")") or "", out)
+    end
+  end)
+end
+
+-- Runs argv in a build sandbox over the current stack whose writable
+-- layer is fs. Returns the exec result or nil, err.
+function M.run_in_sandbox(b, fs, argv, env, stdin)
+  local sandbox = require "engine.sandbox"
+  local ok, sb = pcall(sandbox.new, {
+    image = { layers = copy_table(b.layers), config = b.config },
+    upper_dir = fs, network = b.network, workdir = b.config.workdir,
+    env = env, user = b.config.user, labels = { build = b.short },
+  })
+  if not ok or not sb then return nil, tostring(sb) end
+  local res <close> = setmetatable({}, { __close = function() sb:stop() end })
+  local r, err = sb:exec(argv, { stdin = stdin, timeout = b.timeout, max_output = 1 << 20 })
+  if not r then return nil, err end
+  sb:stop()
+  return r
+end
+
+-- FROM base [AS name]
+function Build:from(ins)
+  local words = dockerfile.words(dockerfile.expand(ins.args, self.global_args))
+  if not words or not words[1] then self:fail(ins, "FROM needs an image") end
+  local base, err = image.resolve_base(words[1], function(msg) self:warn(ins, msg) end)
+  if not base then self:fail(ins, "FROM %s: %s", words[1], err) end
+  self.layers = copy_table(base.layers)
+  self.keys = copy_table(base.keys or {})
+  self.base = base
+  self.config = image.normalize_config(copy_table(base.config))
+  self.key = sha("FROM", base.key or words[1])
+  self:progress(ins, "")
+end
+
+-- Runs every instruction; returns the resolved image.
+function Build:run(instructions)
+  local seen_from = false
+  self.count = #instructions
+  for i, ins in ipairs(instructions) do
+    self.index = i
+    if ins.cmd == "FROM" then
+      if seen_from then self:fail(ins, "multi-stage builds are not supported (second FROM)") end
+      self:from(ins)
+      seen_from = true
+    elseif not seen_from then
+      if ins.cmd ~= "ARG" then self:fail(ins, "%s before FROM", ins.cmd) end
+      declare_args(self, ins, self.global_args, self.global_args)
+    else
+      local h = H[ins.cmd]
+      if not h then self:fail(ins, "unsupported instruction %s", ins.cmd) end
+      h(self, ins)
+      if ins.cmd ~= "COPY" and ins.cmd ~= "ADD" and ins.cmd ~= "RUN" then self:progress(ins, "") end
+    end
+  end
+  if not seen_from then self:fail(nil, "no FROM instruction") end
+end
+
+-- build(store, image_table, spec) -> {layers, config, key, keys, made} | nil, err
+function M.build(store, img, spec)
+  local path = img.dockerfile
+  local text = path and require("engine.layers").read_file(path)
+  if not text then return nil, tostring(path) .. ": cannot read the Dockerfile" end
+  local context = archive.realpath(img.context or dirname(path))
+  if not context then return nil, tostring(img.context) .. ": no such build context" end
+  local parsed, perr = dockerfile.parse(text, path)
+  if not parsed then return nil, perr end
+  local quiet = img.quiet or os.getenv("ENGINE_IMAGE_QUIET") == "1"
+  local b = setmetatable({
+    store = store, file = path, short = path:match("[^/]+/[^/]+$") or path, context = context,
+    build_args = img.args or {}, args = {}, global_args = {}, quiet = quiet,
+    network = img.network or "host", timeout = img.timeout, made = 0,
+  }, Build)
+  local ok, err = pcall(b.run, b, parsed.instructions)
+  if not ok then
+    if getmetatable(err) == BUILD_ERROR then return nil, err.message end
+    error(err, 0)
+  end
+  local name = "dockerfile:" .. (archive.realpath(path) or path) .. " context:" .. context
+  store:record { name = name, kind = "dockerfile", layers = b.keys, config = b.config,
+                 base = b.base.layers[#b.base.layers] == "host" and "host" or nil }
+  return { layers = b.layers, config = b.config, key = b.key, keys = b.keys, made = b.made }
+end
+
+M.Build = Build
+return M

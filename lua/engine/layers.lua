@@ -1,0 +1,250 @@
+-- engine.layers: the on-disk layer store shared by image builds and archive
+-- imports, and by every engine process on the machine.
+--
+--   ROOT/layers/KEY/fs          the layer's tree (an overlay lower dir)
+--   ROOT/layers/KEY/meta.json   {key, parent, created_by, created, size}
+--   ROOT/images/ID.json         one built or imported image: name, layer
+--                               keys (top first), base, config, size, last_used
+--   ROOT/locks/KEY.lock         flock() held while KEY is being made
+--   ROOT/tmp/                   layers being made; renamed into layers/ whole
+--
+-- ROOT is ENGINE_IMAGE_DIR, else ENGINE_STATE_DIR/images, else
+-- /var/lib/engine/images. A layer appears only by an atomic rename of a
+-- finished directory, so a reader never sees half a layer, and a crashed
+-- build leaves only tmp/ debris that prune sweeps.
+local engine = require "engine"
+local archive = require "engine.archive"
+local json = require "engine.json"
+
+local M = {}
+
+local Store = {}
+Store.__index = Store
+
+local function default_root()
+  local dir = os.getenv("ENGINE_IMAGE_DIR")
+  if dir and dir ~= "" then return dir end
+  local state = os.getenv("ENGINE_STATE_DIR")
+  if state and state ~= "" then return state .. "/images" end
+  return "/var/lib/engine/images"
+end
+
+-- mkdir -p with mode 0755.
+function M.mkdirs(path)
+  local acc = path:sub(1, 1) == "/" and "" or "."
+  for part in path:gmatch("[^/]+") do
+    acc = acc .. "/" .. part
+    local ok, err = archive.mkdir(acc, 493)  -- 0755
+    if not ok then return nil, err end
+  end
+  return true
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+M.read_file = read_file
+
+-- Writes data to path atomically (temp file + rename).
+local function write_atomic(path, data)
+  local tmp = string.format("%s.%d.%06d", path, math.floor(engine.now() * 1000) % 100000000,
+    math.random(0, 999999))
+  local f, err = io.open(tmp, "wb")
+  if not f then return nil, err end
+  f:write(data)
+  f:close()
+  local ok, rerr = os.rename(tmp, path)
+  if not ok then os.remove(tmp) return nil, rerr end
+  return true
+end
+M.write_atomic = write_atomic
+
+local function read_json(path)
+  local s = read_file(path)
+  if not s then return nil end
+  local ok, v = pcall(json.decode, s)
+  if ok and type(v) == "table" then return v end
+  return nil
+end
+
+-- layers.open(root?) -> store (directories created on first use)
+function M.open(root)
+  root = root or default_root()
+  local self = setmetatable({ root = root }, Store)
+  for _, d in ipairs { "layers", "images", "locks", "tmp" } do
+    local ok, err = M.mkdirs(root .. "/" .. d)
+    if not ok then return nil, "image store " .. root .. ": " .. tostring(err) end
+  end
+  return self
+end
+
+-- The fs directory of layer key (whether or not it exists).
+function Store:fs(key) return self.root .. "/layers/" .. key .. "/fs" end
+
+-- True when layer key is complete on disk.
+function Store:has(key)
+  return archive.stat(self.root .. "/layers/" .. key .. "/meta.json") ~= nil
+end
+
+function Store:meta(key)
+  return read_json(self.root .. "/layers/" .. key .. "/meta.json")
+end
+
+-- A fresh directory under tmp/ with an empty fs/ inside.
+function Store:scratch()
+  local dir, err = archive.mkdtemp(self.root .. "/tmp/build-")
+  if not dir then return nil, err end
+  archive.chmod(dir, 493)  -- 0755: a lower layer must be reachable by anyone
+  assert(archive.mkdir(dir .. "/fs", 493))
+  return dir
+end
+
+-- Publishes a scratch dir as layer key. If another process published key
+-- first, the scratch dir is discarded and theirs is kept. Returns fs path.
+function Store:commit(scratch, key, meta)
+  meta.key = key
+  meta.created = meta.created or engine.now()
+  meta.size = archive.du(scratch .. "/fs") or 0
+  local ok, err = write_atomic(scratch .. "/meta.json", json.encode(meta))
+  if not ok then archive.remove(scratch) return nil, err end
+  local dest = self.root .. "/layers/" .. key
+  if not os.rename(scratch, dest) then
+    archive.remove(scratch)
+    if not self:has(key) then return nil, "cannot publish layer " .. key end
+  end
+  return self:fs(key)
+end
+
+-- Takes the build lock of key, polling without blocking the loop.
+-- Returns the lock (release it, or let <close> do it) or nil, "timeout".
+function Store:lock(key, timeout)
+  local path = self.root .. "/locks/" .. key .. ".lock"
+  local deadline = engine.monotonic() + (timeout or 3600)
+  local pause = 0.01
+  while true do
+    local lock, err = archive.try_lock(path)
+    if lock then return lock end
+    if err ~= "busy" then return nil, err end
+    if engine.monotonic() >= deadline then return nil, "timeout" end
+    engine.sleep(pause)
+    pause = math.min(pause * 2, 0.2)
+  end
+end
+
+-- Returns the fs path of layer key, making it with make(fs_dir) -> meta
+-- under the key's lock when it is missing. The second return value is
+-- true on a cache hit (also when another process made it meanwhile).
+function Store:ensure(key, make, timeout)
+  if self:has(key) then return self:fs(key), true end
+  local lock <close>, lerr = self:lock(key, timeout)
+  if not lock then return nil, "layer lock: " .. tostring(lerr) end
+  if self:has(key) then return self:fs(key), true end
+  local scratch, err = self:scratch()
+  if not scratch then return nil, err end
+  local ok, meta = pcall(make, scratch .. "/fs")
+  if not ok or not meta then
+    archive.remove(scratch)
+    if not ok then error(meta, 0) end
+    return nil
+  end
+  local fs, cerr = self:commit(scratch, key, meta)
+  if not fs then return nil, cerr end
+  return fs, false
+end
+
+-- ---- the images index ------------------------------------------------------
+
+local function image_id(name) return archive.sha256(name):sub(1, 24) end
+
+function Store:image(name)
+  return read_json(self.root .. "/images/" .. image_id(name) .. ".json")
+end
+
+-- Records (or replaces) an image: rec has name, kind, layers (keys, top
+-- first), base, config, and optionally source (a signature of its input).
+function Store:record(rec)
+  local size = 0
+  for _, key in ipairs(rec.layers) do
+    local m = self:meta(key)
+    size = size + (m and m.size or 0)
+  end
+  rec.size, rec.created = size, rec.created or engine.now()
+  rec.last_used = engine.now()
+  rec.layers = json.array(rec.layers)
+  return write_atomic(self.root .. "/images/" .. image_id(rec.name) .. ".json", json.encode(rec))
+end
+
+-- Marks an image used now (best effort).
+function Store:touch(rec)
+  rec.last_used = engine.now()
+  rec.layers = json.array(rec.layers)
+  write_atomic(self.root .. "/images/" .. image_id(rec.name) .. ".json", json.encode(rec))
+end
+
+-- All image records, most recently used first.
+function Store:images()
+  local out = {}
+  for _, n in ipairs(archive.list(self.root .. "/images") or {}) do
+    if n:match("%.json$") then
+      local rec = read_json(self.root .. "/images/" .. n)
+      if rec and rec.name then rec.file = n out[#out + 1] = rec end
+    end
+  end
+  table.sort(out, function(a, b) return (a.last_used or 0) > (b.last_used or 0) end)
+  return out
+end
+
+-- All layer keys on disk (complete ones).
+function Store:layer_keys()
+  local out = {}
+  for _, n in ipairs(archive.list(self.root .. "/layers") or {}) do
+    if self:has(n) then out[#out + 1] = n end
+  end
+  return out
+end
+
+-- Removes image records (all when `all`, else none), then every layer no
+-- image refers to and stale scratch dirs, skipping keys whose build lock is
+-- held. Returns {layers = n, bytes = n, images = n}.
+function Store:prune(opts)
+  opts = opts or {}
+  local stats = { layers = 0, bytes = 0, images = 0 }
+  local used = {}
+  for _, rec in ipairs(self:images()) do
+    if opts.all and (engine.now() - (rec.last_used or 0)) >= (opts.older_than or 0) then
+      os.remove(self.root .. "/images/" .. rec.file)
+      stats.images = stats.images + 1
+    else
+      for _, key in ipairs(rec.layers or {}) do used[key] = true end
+    end
+  end
+  for _, n in ipairs(archive.list(self.root .. "/layers") or {}) do
+    if not used[n] then
+      local lock = archive.try_lock(self.root .. "/locks/" .. n .. ".lock")
+      if lock then
+        local m = self:meta(n)
+        stats.bytes = stats.bytes + (m and m.size or 0)
+        archive.remove(self.root .. "/layers/" .. n)
+        os.remove(self.root .. "/locks/" .. n .. ".lock")
+        lock:release()
+        stats.layers = stats.layers + 1
+      end
+    end
+  end
+  self:sweep_scratch(opts.scratch_age or 3600)
+  return stats
+end
+
+-- Removes scratch dirs older than age seconds (left by killed builds).
+function Store:sweep_scratch(age)
+  for _, n in ipairs(archive.list(self.root .. "/tmp") or {}) do
+    local st = archive.stat(self.root .. "/tmp/" .. n)
+    if st and engine.now() - st.mtime >= age then archive.remove(self.root .. "/tmp/" .. n) end
+  end
+end
+
+return M
