@@ -130,9 +130,14 @@ end
 
 M.runner_flags = normalize_options(M.FLAGS, "engine")
 
+-- The first Lua caller at or above `level` (skipping pcall and friends).
 local function source_of(level)
-  local info = debug.getinfo(level, "S")
-  return info and info.short_src or "?"
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then return "?" end
+    if info.what ~= "C" then return info.short_src end
+    level = level + 1
+  end
 end
 
 local FUNCS = { "setup", "run", "score", "solve", "cleanup", "pool_key" }

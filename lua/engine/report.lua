@@ -161,7 +161,7 @@ function M.format(s, header)
   end
   local sb = s.sandboxes
   if sb then
-    add("sandboxes    created ", sb.created or 0, ", reused ", sb.reused or 0,
+    add("sandboxes    created ", string.format("%d", sb.created or 0), ", reused ", string.format("%d", sb.reused or 0),
       ", sandbox-seconds ", fmt_num(sb.seconds or 0, 1))
   end
   if s.wall then

@@ -258,6 +258,9 @@ local function usage_add(st, seconds, created)
 end
 
 -- The sandbox spec for a task: the env's, with labels; and its pool key.
+-- Pooled specs carry only the run label (a per-episode label would make
+-- every box look drifted). Without pool_key, each worker has its own key,
+-- so boxes are reused by the next episode of the same worker and spec.
 local function sandbox_spec(st, ctx)
   local s = st.env.sandbox
   if type(s) == "function" then
@@ -267,11 +270,15 @@ local function sandbox_spec(st, ctx)
   end
   local spec = {}
   for k, v in pairs(s or { image = "host" }) do spec[k] = v end
-  local key = st.env.pool_key and st.env.pool_key(ctx.task) or M.hash_value(spec)
   local labels = {}
   for k, v in pairs(spec.labels or {}) do labels[k] = v end
-  labels.engine_run, labels.engine_task, labels.engine_episode = ctx.run.id, ctx.task.id, ctx.run.episode_id
+  labels.engine_run = ctx.run.id
+  if not st.pool then labels.engine_task, labels.engine_episode = ctx.task.id, ctx.run.episode_id end
   spec.labels = labels
+  local key
+  if st.pool then
+    key = st.env.pool_key and st.env.pool_key(ctx.task, ctx) or (M.hash_value(spec) .. "/w" .. tostring(ctx.worker))
+  end
   return spec, key
 end
 
@@ -281,7 +288,9 @@ local function provision(st, ctx)
   local spec, key = sandbox_spec(st, ctx)
   local sb, lease, borrowed
   if st.pool then
-    lease = st.pool:lease(key, spec)
+    local err
+    lease, err = st.pool:lease(key, spec)
+    if not lease then error({ kind = "infra_error", message = "pool: " .. tostring(err) }, 0) end
     sb, borrowed = lease.sandbox, lease.borrowed and true or false
   else
     local p, perr = M.provider(spec.provider)
@@ -298,8 +307,8 @@ local function provision(st, ctx)
     borrowed = borrowed } }
 end
 
-local function close_lease(lease)
-  if type(lease.close) == "function" then return lease:close() end
+local function close_lease(lease, broken)
+  if type(lease.release) == "function" then return lease:release({ healthy = not broken }) end
   local mt = getmetatable(lease)
   if mt and mt.__close then return mt.__close(lease, nil) end
 end
@@ -310,8 +319,7 @@ local function release(st, box, broken)
   if not box or box.released then return end
   box.released = true
   if box.lease then
-    if broken then pcall(box.sb.stop, box.sb) end
-    local ok, err = pcall(close_lease, box.lease)
+    local ok, err = pcall(close_lease, box.lease, broken)
     if not ok then io.stderr:write("engine: releasing a pooled sandbox: ", first_line(err), "\n") end
     return
   end
@@ -461,7 +469,7 @@ local function attempt(st, out)
 end
 
 local function new_ctx(st, item, ep, n)
-  local ctx = { task = item.task, env = st.env, agent = st.agent, trace = ep, config = st.config,
+  local ctx = { task = item.task, worker = item.worker, env = st.env, agent = st.agent, trace = ep, config = st.config,
     pool = st.pool, rollout = item.rollout, attempt = n,
     timeouts = envlib.timeouts(st.env, item.task, st.config),
     run = { id = st.run_id, dir = st.dir, env = st.env.name, file = st.path, episode_id = ep.id } }
@@ -495,6 +503,7 @@ end
 local function run_episode(st, item)
   local ep = st.run:episode({ key = item.key, id = item.id, task = item.task.id, task_hash = item.hash,
     rollout = item.rollout, agent = st.config.agent })
+  ep:event("task", { id = item.task.id, prompt = item.task.prompt })
   local started, t0 = engine.now(), engine.monotonic()
   st.in_flight = st.in_flight + 1
   st.progress:running(st.in_flight)
@@ -516,7 +525,7 @@ local function run_episode(st, item)
   st.progress:episode(rec)
 end
 
-local function worker(st)
+local function worker(st, index)
   while not st.stopping do
     local ok, item = pcall(st.next_item)
     if not ok then
@@ -525,6 +534,7 @@ local function worker(st)
       return
     end
     if not item then return end
+    item.worker = index
     run_episode(st, item)
   end
 end
@@ -583,7 +593,12 @@ local function make_pool(env_table, config)
   local ok, pool = pcall(require, "engine.pool")
   if not ok then return nil, "pool unavailable: " .. first_line(pool) end
   local o = type(env_table.pool) == "table" and env_table.pool or {}
-  return pool.new({ ttl = config.pool_ttl or o.ttl or 600,
+  local function create(spec)
+    local p, err = M.provider(spec.provider)
+    if not p then return nil, err end
+    return p.new(spec)
+  end
+  return pool.new({ ttl = config.pool_ttl or o.ttl or 600, create = create,
     max_idle = config.pool_max_idle or o.max_idle or config.concurrency })
 end
 
@@ -762,7 +777,7 @@ function M.execute(env_table, env_path, args, config, agent)
   if perr then say(perr) end
   install_interrupt(st)
   local ticker = start_ticker(st)
-  for i = 1, config.concurrency do st.workers[i] = engine.spawn(worker, st) end
+  for i = 1, config.concurrency do st.workers[i] = engine.spawn(worker, st, i) end
   local jok, jerr = pcall(join_workers, st)
   engine.on_interrupt(nil)
   if ticker then ticker:cancel(); pcall(ticker.join, ticker) end
