@@ -63,9 +63,25 @@ function M.normalize_config(cfg)
   return cfg
 end
 
-local store_cache
+local store_cache, store_override
+
+-- image.use_store(root): use the store at root from now on (nil: back to
+-- the environment's choice). For tests and tools.
+function M.use_store(root)
+  store_override = root
+  store_cache = nil
+end
+
 -- The shared layer store (opened once per root).
 function M.store()
+  if store_override then
+    if not (store_cache and store_cache.want == store_override) then
+      local s, err = layers.open(store_override)
+      if not s then return nil, err end
+      store_cache = { want = store_override, store = s }
+    end
+    return store_cache.store
+  end
   local root = os.getenv("ENGINE_IMAGE_DIR")
   local state = os.getenv("ENGINE_STATE_DIR")
   local want = (root or "") .. "|" .. (state or "")

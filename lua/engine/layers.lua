@@ -106,6 +106,9 @@ end
 -- Publishes a scratch dir as layer key. If another process published key
 -- first, the scratch dir is discarded and theirs is kept. Returns fs path.
 function Store:commit(scratch, key, meta)
+  for _, n in ipairs(archive.list(scratch) or {}) do   -- e.g. the overlay's fs.work
+    if n ~= "fs" then archive.remove(scratch .. "/" .. n) end
+  end
   meta.key = key
   meta.created = meta.created or engine.now()
   meta.size = archive.du(scratch .. "/fs") or 0

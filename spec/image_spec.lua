@@ -1,0 +1,560 @@
+-- Specs for sandbox images: the Dockerfile parser, the layer store, builds
+-- with the layer cache, archive import (docker save and OCI layouts), the
+-- engine images command, and (when engine.sandbox is present) sandboxes
+-- running on built and imported images.
+local engine = require "engine"
+local archive = require "engine.archive"
+local json = require "engine.json"
+local dockerfile = require "engine.dockerfile"
+local layers = require "engine.layers"
+local image = require "engine.image"
+local image_build = require "engine.image_build"
+
+local FIXTURE = engine.root .. "/spec/fixtures/images/ctx"
+local has_sandbox = pcall(require, "engine.sandbox")
+local ENGINE_EXE = archive.readlink("/proc/self/exe")
+
+local function write(path, data, mode)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+  if mode then archive.chmod(path, mode) end
+end
+
+local function read(path) return layers.read_file(path) end
+
+local function sh(cmd)
+  local ok = os.execute(cmd)
+  assert(ok, "command failed: " .. cmd)
+end
+
+local tmp, store
+local function fresh_store()
+  tmp = assert(archive.mkdtemp("/tmp/engine-image-spec-"))
+  store = assert(layers.open(tmp .. "/store"))
+  image.use_store(tmp .. "/store")
+end
+
+local function cleanup()
+  image.use_store(nil)
+  if tmp then archive.remove(tmp) end
+  tmp = nil
+end
+
+-- A copy of the fixture context we may edit.
+local function context_copy()
+  local ctx = tmp .. "/ctx"
+  assert(archive.copy(FIXTURE, ctx))
+  return ctx
+end
+
+local function build(dockerfile_path, ctx, extra)
+  local img = { dockerfile = dockerfile_path, context = ctx, quiet = true }
+  for k, v in pairs(extra or {}) do img[k] = v end
+  return image_build.build(store, img)
+end
+
+local function count(t) local n = 0 for _ in pairs(t) do n = n + 1 end return n end
+
+describe("engine.dockerfile", function()
+  it("joins continuations, drops comments, reads directives and flags", function()
+    local p = assert(dockerfile.parse(table.concat({
+      "# escape=\\", "FROM host", "# comment", "RUN echo a \\", "  # inner comment",
+      "  && echo b", "COPY --chown=1:2 --chmod=640 a b /d/", 'CMD ["x", "y"]', "" }, "\n"), "DF"))
+    local ins = p.instructions
+    assert.equal(4, #ins)
+    assert.equal("RUN", ins[2].cmd)
+    assert.equal(4, ins[2].line)
+    assert.equal("echo a   && echo b", ins[2].args)
+    assert.same({ chown = "1:2", chmod = "640" }, ins[3].flags)
+    assert.equal("a b /d/", ins[3].args)
+    assert.same({ "x", "y" }, ins[4].json)
+  end)
+
+  it("reads heredocs", function()
+    local p = assert(dockerfile.parse("FROM host\nRUN <<EOF\necho 1\necho 2\nEOF\nUSER x\n"))
+    assert.equal("echo 1\necho 2\n", p.instructions[2].heredocs[1].body)
+    assert.equal("USER", p.instructions[3].cmd)
+    local _, err = dockerfile.parse("FROM host\nRUN <<EOF\necho 1\n", "D")
+    assert.equal("D:2: heredoc EOF is not terminated", err)
+  end)
+
+  it("names the file and line of an unknown instruction", function()
+    local _, err = dockerfile.parse("FROM host\n\nFROOB x\n", "path/Dockerfile")
+    assert.equal("path/Dockerfile:3: unknown instruction FROOB", err)
+  end)
+
+  it("expands variables like the Dockerfile reference", function()
+    local v = { A = "1", E = "" }
+    assert.equal("1-1-x-y--$A", dockerfile.expand("$A-${A}-${B:-x}-${A:+y}-${E:+z}-\\$A", v))
+    assert.equal("-d", dockerfile.expand("${E-}-${E:-d}", v))
+  end)
+
+  it("splits words and KEY=VALUE pairs with quotes", function()
+    assert.same({ "a b", "c", "d'e" }, dockerfile.words([["a b" c d\'e]]))
+    assert.same({ { "K", "v 1" }, { "L", "2" } }, dockerfile.pairs([[K="v 1" L=2]]))
+    assert.same({ { "K", "some words here" } }, dockerfile.pairs("K some words here", {}, true))
+    assert.is_nil(dockerfile.words([["open]]))
+  end)
+end)
+
+describe("engine.archive", function()
+  before_each(fresh_store)
+  after_each(cleanup)
+
+  it("hashes with sha256", function()
+    assert.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", archive.sha256("abc"))
+    write(tmp .. "/f", "abc")
+    assert.equal(archive.sha256("abc"), archive.digest_file(tmp .. "/f"))
+    local _, err = archive.digest_file(tmp .. "/missing")
+    assert.matches("No such file", err)
+  end)
+
+  it("copies trees with owners, modes and symlinks", function()
+    sh("mkdir -p " .. tmp .. "/src/d && echo x > " .. tmp .. "/src/d/f && chmod 604 " .. tmp ..
+      "/src/d/f && ln -s f " .. tmp .. "/src/d/l")
+    assert.is_true(archive.copy(tmp .. "/src", tmp .. "/dst", { uid = 4321, gid = 99 }))
+    local st = archive.stat(tmp .. "/dst/d/f")
+    assert.same({ 4321, 99, 388 }, { st.uid, st.gid, st.mode })   -- 388 = 0604
+    assert.equal("f", archive.readlink(tmp .. "/dst/d/l"))
+    local _, err = archive.copy(tmp .. "/nope", tmp .. "/x")
+    assert.is_string(err)
+  end)
+
+  it("says when a file is not an archive", function()
+    write(tmp .. "/plain", "just text\n")
+    assert.same({ nil, "not an archive" }, { archive.extract(tmp .. "/plain", tmp) })
+  end)
+
+  it("refuses archive paths that climb out", function()
+    sh("mkdir -p " .. tmp .. "/evil/out && cd " .. tmp .. "/evil && echo x > f && " ..
+      "tar cf ../evil.tar --transform 's,^f,../../escaped,' f 2>/dev/null")
+    local _, err = archive.extract(tmp .. "/evil.tar", tmp .. "/evil/out")
+    assert.matches("unsafe path", err)
+    assert.is_nil(archive.stat(tmp .. "/escaped"))
+  end)
+
+  it("locks with flock: exclusive even inside one process, released by close", function()
+    local a = assert(archive.try_lock(tmp .. "/k.lock"))
+    assert.same({ nil, "busy" }, { archive.try_lock(tmp .. "/k.lock") })
+    do
+      local _ <close> = a
+    end
+    assert.is_false(a:held())
+    local b = assert(archive.try_lock(tmp .. "/k.lock"))
+    b:release()
+    b:release()
+  end)
+end)
+
+describe("engine.layers", function()
+  before_each(fresh_store)
+  after_each(cleanup)
+
+  it("makes a layer once and serves it from the cache after", function()
+    local calls = 0
+    local make = function(fs) calls = calls + 1 write(fs .. "/x", "1") return {} end
+    local fs, hit = store:ensure("k1", make)
+    assert.is_false(hit)
+    assert.equal("1", read(fs .. "/x"))
+    local fs2, hit2 = store:ensure("k1", make)
+    assert.equal(fs, fs2)
+    assert.is_true(hit2)
+    assert.equal(1, calls)
+    assert.same({}, archive.list(store.root .. "/tmp"))
+  end)
+
+  it("leaves nothing behind when making a layer fails", function()
+    assert.has_error(function() store:ensure("bad", function() error("boom") end) end, "boom")
+    assert.is_false(store:has("bad"))
+    assert.same({}, archive.list(store.root .. "/tmp"))
+    assert.truthy(archive.try_lock(store.root .. "/locks/bad.lock"))
+  end)
+
+  it("waits for a held build lock without blocking the loop, with a timeout", function()
+    local held = assert(archive.try_lock(store.root .. "/locks/k2.lock"))
+    local ticks = 0
+    local ticker = engine.spawn(function() for _ = 1, 5 do engine.sleep(0.01) ticks = ticks + 1 end end)
+    local t0 = engine.monotonic()
+    local lock, err = store:lock("k2", 0.15)
+    assert.is_nil(lock)
+    assert.equal("timeout", err)
+    assert.is_true(engine.monotonic() - t0 >= 0.15)
+    ticker:join()
+    assert.equal(5, ticks)
+    -- the waiter gets it once the holder lets go
+    local waiter = engine.spawn(function() return store:lock("k2", 5) end)
+    engine.sleep(0.05)
+    held:release()
+    local ok, got = waiter:join()
+    assert.is_true(ok)
+    assert.is_true(got:held())
+    got:release()
+  end)
+
+  it("lets a cancelled lock waiter go without keeping the lock", function()
+    local held = assert(archive.try_lock(store.root .. "/locks/k3.lock"))
+    local waiter = engine.spawn(function() return store:lock("k3", 30) end)
+    engine.sleep(0.05)
+    waiter:cancel()
+    local ok, err = waiter:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    held:release()
+    local again = assert(archive.try_lock(store.root .. "/locks/k3.lock"))
+    again:release()
+  end)
+end)
+
+describe("image builds", function()
+  before_each(fresh_store)
+  after_each(cleanup)
+
+  local function copy_only(ctx)
+    local df = ctx .. "/Dockerfile.copy"
+    write(df, table.concat({
+      "FROM host",
+      "ARG WHO=world",
+      "ENV GREETING=\"hello $WHO\" APP=/srv/app",
+      "WORKDIR $APP",
+      "COPY app/ ./",
+      "COPY --chown=1000:1000 --chmod=640 conf/settings.ini /etc/fixture/",
+      "COPY conf/*.conf /etc/fixture/conf.d/",
+      "ADD vendor.tar.gz /opt/vendor/",
+      "ADD conf/a.conf /opt/plain/",
+      "USER 1000",
+      "LABEL version=2",
+      "EXPOSE 8080",
+      "CMD [\"sh\", \"-c\", \"echo hi\"]", "" }, "\n"))
+    return df
+  end
+
+  it("builds COPY/ADD layers and records the config", function()
+    local ctx = context_copy()
+    local r = assert(build(copy_only(ctx), ctx))
+    assert.equal(6, #r.layers)                 -- five layers over host
+    assert.equal("host", r.layers[6])
+    assert.equal(5, r.made)
+    local function find(path)
+      for _, l in ipairs(r.layers) do
+        if l ~= "host" and archive.stat(l .. path) then return l .. path end
+      end
+    end
+    assert.equal("hello from app\n", read(find("/srv/app/hello.txt")))
+    assert.equal("nested\n", read(find("/srv/app/sub/deep.txt")))
+    local st = archive.stat(find("/srv/app/tool.sh"))
+    assert.same({ 0, 493 }, { st.uid, st.mode })         -- 0755 kept, owned by root
+    st = archive.stat(find("/etc/fixture/settings.ini"))
+    assert.same({ 1000, 1000, 416 }, { st.uid, st.gid, st.mode })   -- 0640
+    assert.equal("a\n", read(find("/etc/fixture/conf.d/a.conf")))
+    assert.equal("b\n", read(find("/etc/fixture/conf.d/b.conf")))
+    assert.equal("vendored\n", read(find("/opt/vendor/lib/v.txt")))
+    assert.equal("a\n", read(find("/opt/plain/a.conf")))
+    -- an existing host directory keeps its attributes in the new layer
+    local etc = archive.stat(r.layers[4] .. "/etc")
+    local host_etc = archive.stat("/etc")
+    assert.same({ host_etc.mode, host_etc.uid }, { etc.mode, etc.uid })
+    assert.same({ GREETING = "hello world", APP = "/srv/app",
+                  PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" }, r.config.env)
+    assert.equal("/srv/app", r.config.workdir)
+    assert.equal("1000", r.config.user)
+    assert.same({ "sh", "-c", "echo hi" }, r.config.cmd)
+    assert.same({ version = "2" }, r.config.labels)
+  end)
+
+  it("rebuilds only from the COPY whose file changed", function()
+    local ctx = context_copy()
+    local df = copy_only(ctx)
+    local first = assert(build(df, ctx))
+    local t0 = engine.monotonic()
+    local again = assert(build(df, ctx))
+    local cached = engine.monotonic() - t0
+    assert.equal(0, again.made)
+    assert.same(first.layers, again.layers)
+    assert.is_true(cached < 0.5, "cached rebuild took " .. cached)
+    write(ctx .. "/conf/settings.ini", "key=two\n")
+    local changed = assert(build(df, ctx))
+    -- layers: 1 ADD plain, 2 ADD vendor, 3 COPY *.conf, 4 COPY settings, 5 COPY app
+    assert.equal(4, changed.made)
+    assert.equal(first.layers[5], changed.layers[5])
+    for i = 1, 4 do assert.are_not.equal(first.layers[i], changed.layers[i]) end
+    assert.equal("key=two\n", read(changed.layers[4] .. "/etc/fixture/settings.ini"))
+    -- build args change the chain from their ARG on
+    local other = assert(build(df, ctx, { args = { WHO = "you" } }))
+    assert.equal("hello you", other.config.env.GREETING)
+    assert.equal(5, other.made)
+  end)
+
+  it("fails naming file, line and instruction", function()
+    local ctx = context_copy()
+    local cases = {
+      { "FROM host\nONBUILD RUN x\n", ":2: unsupported instruction ONBUILD" },
+      { "FROM host\nCOPY missing.txt /x\n", ":2: COPY: no such file in the context: missing.txt" },
+      { "FROM host\nCOPY ../etc/passwd /x\n", ":2: source ../etc/passwd is outside the build context" },
+      { "FROM host\nADD https://example.com/x /x\n", ":2: ADD from a URL is not supported" },
+      { "FROM host\nRUN --mount=type=cache,target=/x true\n", ":2: RUN --mount is not supported" },
+      { "FROM host\nFROM host\n", ":2: multi-stage builds are not supported (second FROM)" },
+      { "USER x\nFROM host\n", ":1: USER before FROM" },
+      { "FROM host\nCOPY --chown=nosuchuser app /x\n", ":2: COPY --chown: unknown user nosuchuser" },
+    }
+    for _, c in ipairs(cases) do
+      local df = ctx .. "/Dockerfile.bad"
+      write(df, c[1])
+      local r, err = build(df, ctx)
+      assert.is_nil(r)
+      assert.equal(df .. c[2], err)
+    end
+    local r, err = image.resolve({ dockerfile = ctx .. "/nope", quiet = true })
+    assert.is_nil(r)
+    assert.matches("cannot read the Dockerfile", err)
+    assert.same({}, archive.list(store.root .. "/tmp"))
+  end)
+
+  it("falls back to host for an unknown base, and uses mapped names", function()
+    local ctx = context_copy()
+    local df = ctx .. "/Dockerfile.base"
+    write(df, "FROM ubuntu:22.04\nCOPY conf/a.conf /a\n")
+    local r = assert(build(df, ctx))
+    assert.equal("host", r.layers[#r.layers])
+    local base = tmp .. "/rootfs"
+    sh("mkdir -p " .. base .. "/etc && echo base > " .. base .. "/etc/base.txt")
+    image.map("ubuntu", base)
+    local mapped = assert(build(df, ctx))
+    image.map("ubuntu", nil)
+    assert.equal(base, mapped.layers[#mapped.layers])
+    assert.equal(1, mapped.made)
+  end)
+
+  it("shares one layer chain between two engines building at once", function()
+    local ctx = context_copy()
+    local df = ctx .. "/Dockerfile.race"
+    write(df, table.concat({ "FROM host", "COPY app/ /app/",
+      has_sandbox and "RUN sleep 1 && echo built > /app/built" or "COPY conf/ /conf/",
+      "COPY vendor.tar.gz /v/", "" }, "\n"))
+    local script = tmp .. "/race.lua"
+    write(script, [[
+      local image = require "engine.image"
+      image.use_store(arg[1])
+      local r, err = image.resolve({ dockerfile = arg[2], context = arg[3], quiet = true })
+      io.write(r and (r.key .. " " .. r.made) or ("ERR " .. tostring(err)), "\n")
+    ]])
+    local cmd = string.format("%s run %s %s %s %s", ENGINE_EXE, script, store.root, df, ctx)
+    sh(string.format("(%s > %s/out1 2>&1 & %s > %s/out2 2>&1 & wait)", cmd, tmp, cmd, tmp))
+    local k1, m1 = read(tmp .. "/out1"):match("^(%x+) (%d+)")
+    local k2, m2 = read(tmp .. "/out2"):match("^(%x+) (%d+)")
+    assert.is_string(k1, read(tmp .. "/out1"))
+    assert.equal(k1, k2)
+    assert.equal(3, tonumber(m1) + tonumber(m2))     -- each layer made once
+    assert.equal(3, #store:layer_keys())
+    assert.equal(1, #store:images())
+  end)
+end)
+
+-- A docker save archive with two layers: the second deletes a file
+-- (whiteout) and replaces a directory's contents (opaque dir). The first
+-- carries /bin/sh and its libraries so a sandbox can run it.
+local function make_rootfs_layers(root)
+  local l1, l2 = root .. "/l1", root .. "/l2"
+  sh("mkdir -p " .. l1 .. "/etc " .. l1 .. "/opaque " .. l1 .. "/bin " .. l2 .. "/etc " .. l2 .. "/opaque")
+  write(l1 .. "/etc/keep.txt", "kept\n")
+  write(l1 .. "/etc/gone.txt", "should be deleted\n")
+  write(l1 .. "/opaque/old.txt", "old\n")
+  write(l1 .. "/etc/owned.txt", "owned\n", 416)
+  archive.chown(l1 .. "/etc/owned.txt", 1234, 4321)
+  sh("ln -s keep.txt " .. l1 .. "/etc/link.txt && ln " .. l1 .. "/etc/keep.txt " .. l1 .. "/etc/hard.txt")
+  -- /bin/sh and the libraries it needs
+  sh("cp /bin/dash " .. l1 .. "/bin/sh && cp /bin/cat /bin/ls " .. l1 .. "/bin/")
+  sh("for f in /bin/dash /bin/cat /bin/ls; do ldd $f | grep -o '/[^ ]*'; done | sort -u | " ..
+    "while read lib; do mkdir -p " .. l1 .. "$(dirname $lib) && cp -L $lib " .. l1 .. "$lib; done")
+  write(l2 .. "/etc/.wh.gone.txt", "")
+  write(l2 .. "/opaque/.wh..wh..opq", "")
+  write(l2 .. "/opaque/new.txt", "new\n")
+  sh("tar cf " .. root .. "/l1.tar --numeric-owner -C " .. l1 .. " . && tar czf " .. root ..
+    "/l2.tar.gz --numeric-owner -C " .. l2 .. " .")
+end
+
+local CONFIG = {
+  config = { Env = { "PATH=/bin", "FROM_ARCHIVE=yes" }, WorkingDir = "/work", User = "0",
+             Cmd = { "/bin/sh" } },
+  rootfs = { type = "layers" },
+}
+
+local function docker_save(root)
+  make_rootfs_layers(root)
+  local out = root .. "/save"
+  sh("mkdir -p " .. out .. "/aaa " .. out .. "/bbb && cp " .. root .. "/l1.tar " .. out ..
+    "/aaa/layer.tar && cp " .. root .. "/l2.tar.gz " .. out .. "/bbb/layer.tar")
+  write(out .. "/config.json", json.encode(CONFIG))
+  write(out .. "/manifest.json", json.encode({ { Config = "config.json", RepoTags = { "t:1" },
+    Layers = { "aaa/layer.tar", "bbb/layer.tar" } } }))
+  sh("tar cf " .. root .. "/image.tar -C " .. out .. " .")
+  return root .. "/image.tar"
+end
+
+local function oci_layout(root)
+  make_rootfs_layers(root)
+  local out = root .. "/oci"
+  sh("mkdir -p " .. out .. "/blobs/sha256")
+  local function put(path_or_data, is_file)
+    local d = is_file and archive.digest_file(path_or_data) or archive.sha256(path_or_data)
+    if is_file then sh("cp " .. path_or_data .. " " .. out .. "/blobs/sha256/" .. d)
+    else write(out .. "/blobs/sha256/" .. d, path_or_data) end
+    return "sha256:" .. d
+  end
+  local manifest = json.encode({ schemaVersion = 2,
+    config = { mediaType = "application/vnd.oci.image.config.v1+json", digest = put(json.encode(CONFIG)) },
+    layers = { { mediaType = "application/vnd.oci.image.layer.v1.tar", digest = put(root .. "/l1.tar", true) },
+               { mediaType = "application/vnd.oci.image.layer.v1.tar+gzip", digest = put(root .. "/l2.tar.gz", true) } } })
+  write(out .. "/index.json", json.encode({ schemaVersion = 2,
+    manifests = { { mediaType = "application/vnd.oci.image.manifest.v1+json", digest = put(manifest) } } }))
+  write(out .. "/oci-layout", '{"imageLayoutVersion":"1.0.0"}')
+  sh("tar cf " .. root .. "/oci.tar -C " .. out .. " .")
+  return root .. "/oci.tar"
+end
+
+describe("archive import", function()
+  before_each(fresh_store)
+  after_each(cleanup)
+
+  local function check_layers(r)
+    assert.equal(2, #r.layers)
+    local top, bottom = r.layers[1], r.layers[2]
+    local wh = archive.stat(top .. "/etc/gone.txt")
+    assert.same({ "char", 0 }, { wh.type, wh.rdev })
+    assert.is_nil(archive.stat(top .. "/etc/.wh.gone.txt"))
+    assert.equal("y", archive.xattr(top .. "/opaque", "trusted.overlay.opaque"))
+    assert.is_nil(archive.stat(top .. "/opaque/.wh..wh..opq"))
+    local owned = archive.stat(bottom .. "/etc/owned.txt")
+    assert.same({ 1234, 4321, 416 }, { owned.uid, owned.gid, owned.mode })
+    assert.equal("keep.txt", archive.readlink(bottom .. "/etc/link.txt"))
+    local hard, keep = archive.stat(bottom .. "/etc/hard.txt"), archive.stat(bottom .. "/etc/keep.txt")
+    assert.equal(keep.ino, hard.ino)
+    assert.equal(2, keep.nlink)
+    assert.same({ PATH = "/bin", FROM_ARCHIVE = "yes" }, r.config.env)
+    assert.equal("/work", r.config.workdir)
+    assert.same({ "/bin/sh" }, r.config.cmd)
+    -- what the stack shows, looked up the way overlayfs would
+    assert.is_nil(image.lookup(r.layers, "/etc/gone.txt"))
+    assert.is_nil(image.lookup(r.layers, "/opaque/old.txt"))
+    assert.truthy(image.lookup(r.layers, "/opaque/new.txt"))
+    assert.truthy(image.lookup(r.layers, "/etc/keep.txt"))
+  end
+
+  it("imports a docker save archive with whiteouts and an opaque dir", function()
+    local r = assert(image.resolve("archive:" .. docker_save(tmp)))
+    check_layers(r)
+    local again = assert(image.resolve("archive:" .. tmp .. "/image.tar"))
+    assert.same(r.layers, again.layers)
+    assert.equal(1, #store:images())
+    assert.equal("archive", store:images()[1].kind)
+  end)
+
+  it("imports an OCI layout archive into the same layers", function()
+    local r = assert(image.resolve("archive:" .. oci_layout(tmp)))
+    check_layers(r)
+  end)
+
+  it("fails clearly on a missing or foreign archive", function()
+    local r, err = image.resolve("archive:" .. tmp .. "/none.tar")
+    assert.is_nil(r)
+    assert.matches("no such image archive", err)
+    sh("mkdir -p " .. tmp .. "/junk && echo x > " .. tmp .. "/junk/x && tar cf " .. tmp .. "/junk.tar -C " .. tmp .. "/junk .")
+    r, err = image.resolve("archive:" .. tmp .. "/junk.tar")
+    assert.is_nil(r)
+    assert.matches("neither a docker save nor an OCI image archive", err)
+    assert.same({}, archive.list(store.root .. "/tmp"))
+  end)
+
+  it("can be a FROM base", function()
+    local tarball = docker_save(tmp)
+    local df = tmp .. "/Dockerfile"
+    write(df, "FROM archive:" .. tarball .. "\nENV MORE=1\nCOPY x.txt /etc/x.txt\n")
+    write(tmp .. "/x.txt", "x\n")
+    local r = assert(build(df, tmp))
+    assert.equal(3, #r.layers)
+    assert.equal("yes", r.config.env.FROM_ARCHIVE)
+    assert.equal("1", r.config.env.MORE)
+    assert.equal("/work", r.config.workdir)
+  end)
+end)
+
+describe("engine images", function()
+  before_each(fresh_store)
+  after_each(cleanup)
+
+  local function run_cmd(argv)
+    local path = tmp .. "/cmd.out"
+    local f = assert(io.open(path, "w"))
+    local status = require("engine.cmd.images")(argv, f)
+    f:close()
+    return status, read(path)
+  end
+
+  it("lists images and prunes layers no image uses", function()
+    local ctx = context_copy()
+    local df = ctx .. "/Dockerfile.p"
+    write(df, "FROM host\nCOPY conf/a.conf /a\nCOPY conf/b.conf /b\n")
+    assert(build(df, ctx))
+    write(ctx .. "/conf/b.conf", "changed\n")
+    assert(build(df, ctx))                    -- the old top layer is now unused
+    assert.equal(3, #store:layer_keys())
+    local status, out = run_cmd({})
+    assert.equal(0, status)
+    assert.matches("dockerfile%s+2%s+", out)
+    assert.matches("Dockerfile.p", out)
+    status, out = run_cmd({ "prune" })
+    assert.equal(0, status)
+    assert.matches("removed 1 layer", out)
+    assert.equal(2, #store:layer_keys())
+    assert(build(df, ctx))                    -- still cached
+    status, out = run_cmd({ "prune", "--all" })
+    assert.matches("removed 2 layer%(s%), .*forgot 1 image", out)
+    assert.equal(0, #store:layer_keys())
+    assert.equal(2, run_cmd({ "prune", "--bogus" }))
+  end)
+end)
+
+describe("sandboxes on images", function()
+  if not has_sandbox then
+    pending("engine.sandbox is not available")
+    return
+  end
+  local sandbox = require "engine.sandbox"
+  before_each(fresh_store)
+  after_each(cleanup)
+
+  it("builds every supported instruction and runs on the result", function()
+    local ctx = context_copy()
+    local sb <close> = sandbox.new { image = { dockerfile = ctx .. "/Dockerfile", context = ctx, quiet = true } }
+    local r = sb:exec("pwd; id -u; id -g; echo $MODE $LEGACY $APP_HOME; cat /opt/app/greeting.txt; " ..
+      "cat /var/fixture/builder; ls /opt/app/sub; cat /opt/vendor/lib/v.txt /etc/fixture/conf.d/a.conf")
+    assert.equal(0, r.code, r.stderr)
+    assert.equal(table.concat({ "/opt/app/sub", "1000", "1000", "test value with spaces /opt/app",
+      "hello from test", "heredoc", "0", "vendored", "a", "" }, "\n"), r.stdout)
+    local own = sb:exec("stat -c '%u:%g %a' /etc/fixture/settings.ini")
+    assert.equal("1000:1000 640\n", own.stdout)
+    -- a spec's own workdir and env win over the image's
+    local sb2 <close> = sandbox.new { image = { dockerfile = ctx .. "/Dockerfile", context = ctx, quiet = true },
+                                      workdir = "/tmp", env = { MODE = "mine" } }
+    assert.equal("/tmp mine\n", sb2:exec("echo $(pwd) $MODE").stdout)
+  end)
+
+  it("shows the failing RUN's output tail", function()
+    local ctx = context_copy()
+    write(ctx .. "/Dockerfile.fail", "FROM host\nRUN echo first-line; echo oops >&2; exit 3\n")
+    local r, err = image.resolve({ dockerfile = ctx .. "/Dockerfile.fail", context = ctx, quiet = true })
+    assert.is_nil(r)
+    assert.matches("Dockerfile.fail:2: RUN failed with exit code 3", err)
+    assert.matches("oops", err)
+    assert.same({}, archive.list(store.root .. "/tmp"))
+  end)
+
+  it("runs a command in an imported archive and honours its whiteouts", function()
+    local tarball = docker_save(tmp)
+    local sb <close> = sandbox.new { image = "archive:" .. tarball }
+    local r = sb:exec({ "/bin/sh", "-c", "cat /etc/keep.txt /etc/link.txt; ls /opaque; " ..
+      "test -e /etc/gone.txt || echo gone; echo $FROM_ARCHIVE; pwd" })
+    assert.equal(0, r.code, r.stderr)
+    assert.equal("kept\nkept\nnew.txt\ngone\nyes\n/work\n", r.stdout)
+  end)
+end)
