@@ -176,6 +176,7 @@ local Progress = {}
 Progress.__index = Progress
 
 local function isatty(f)
+  if io.type(f) ~= "file" then return false end
   local ok, term = pcall(require, "term")
   return ok and term.isatty and term.isatty(f) or false
 end

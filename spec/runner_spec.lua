@@ -1,0 +1,439 @@
+local engine = require "engine"
+local envlib = require "engine.env"
+local runner = require "engine.runner"
+local report = require "engine.report"
+local trace = require "engine.trace"
+local json = require "engine.json"
+local proc = require "engine.proc"
+
+-- An in-memory sandbox provider: files in a table, exec understands
+-- "write PATH DATA" and "sleep S"; counts boxes created, live and the peak.
+local function fake_provider()
+  local P = { created = 0, live = 0, peak = 0, fail_next = 0, stopped = 0 }
+  local Sb = {}
+  Sb.__index = Sb
+  function Sb:exec(cmd)
+    if self.stopped then error({ kind = "sandbox", message = "closed" }, 0) end
+    local s = tonumber(tostring(cmd):match("^sleep (%S+)"))
+    engine.sleep(s or 0.001)
+    local path, data = tostring(cmd):match("^write (%S+) (.*)$")
+    if path then self.files[path] = data end
+    return { code = 0, stdout = "ran " .. tostring(cmd), stderr = "", duration = 0.001 }
+  end
+  function Sb:read(p) if self.files[p] then return self.files[p] end return nil, "no such file" end
+  function Sb:write(p, d) self.files[p] = d; return true end
+  function Sb:alive() return not self.stopped end
+  function Sb:stop()
+    if self.stopped then return end
+    self.stopped = true
+    P.live, P.stopped = P.live - 1, P.stopped + 1
+  end
+  function P.new(spec)
+    engine.sleep(0.001)
+    if P.fail_next > 0 then P.fail_next = P.fail_next - 1; return nil, "no capacity" end
+    P.created, P.live = P.created + 1, P.live + 1
+    if P.live > P.peak then P.peak = P.live end
+    return setmetatable({ id = "fake-" .. P.created, files = {}, info = { provider = "fake", image = spec.image } }, Sb)
+  end
+  runner.providers.fake = P
+  return P
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(trace.mkdirs(d))
+  return d
+end
+
+local function sink()
+  local buf = {}
+  return { write = function(self, ...) for _, s in ipairs({ ... }) do buf[#buf + 1] = tostring(s) end return self end,
+    flush = function() end, text = function() return table.concat(buf) end, setvbuf = function() end }
+end
+
+-- Runs runner.main with stdout and stderr captured -> code, stdout, stderr.
+local function run(env_table, args)
+  local out, err = sink(), sink()
+  local so, se = io.stdout, io.stderr
+  io.stdout, io.stderr = out, err
+  local ok, code = pcall(runner.main, env_table, "spec/runner_spec.lua", args)
+  io.stdout, io.stderr = so, se
+  if not ok then error(code, 0) end
+  return code, out.text(), err.text()
+end
+
+local function n_tasks(n, extra)
+  local t = {}
+  for i = 1, n do
+    t[i] = { id = "t" .. i, solution = "write /out " .. i }
+    for k, v in pairs(extra or {}) do t[i][k] = v end
+  end
+  return t
+end
+
+local function basic_env(fields)
+  local spec = {
+    name = "fake",
+    tasks = function() return n_tasks(5) end,
+    sandbox = { provider = "fake", image = "host" },
+    score = function(ctx) return ctx.sandbox:read("/out") == ctx.task.id:sub(2) and 1 or 0 end,
+  }
+  for k, v in pairs(fields or {}) do spec[k] = v end
+  return envlib.define(spec)
+end
+
+local function only_run(out_dir)
+  local names = {}
+  for name in require("lfs").dir(out_dir) do
+    if name ~= "." and name ~= ".." then names[#names + 1] = out_dir .. "/" .. name end
+  end
+  assert.equal(1, #names)
+  return names[1]
+end
+
+describe("engine.runner", function()
+  local P, out
+  before_each(function()
+    P = fake_provider()
+    out = tmpdir()
+    runner.BACKOFF = 0.01
+  end)
+  after_each(function()
+    os.execute("rm -rf '" .. out .. "'")
+    runner.providers.fake = nil
+    runner.BACKOFF = 0.5
+  end)
+
+  it("runs tasks x rollouts, writes the run directory and a JSON summary", function()
+    local code, stdout = run(basic_env(), { "-r", "3", "-c", "4", "--out", out, "-q", "--json" })
+    assert.equal(0, code)
+    local s = json.decode(stdout)
+    assert.equal(15, s.episodes)
+    assert.equal(1, s.mean_reward)
+    assert.equal(0, s.error_count)
+    assert.equal(5, s.tasks)
+    assert.same({ 1, 2 }, { s.pass_at_k[1].k, s.pass_at_k[2].k })
+    assert.equal(15, s.sandboxes.created)
+    assert.equal(15, P.created)
+    assert.equal(0, P.live)                    -- every box stopped
+    assert.is_true(P.peak <= 4)                -- bounded by -c
+    local dir = only_run(out)
+    local meta, records = trace.read(dir)
+    assert.equal("done", meta.status)
+    assert.equal("fake", meta.env.name)
+    assert.equal(15, #records)
+    local r = records[1]
+    assert.equal("ok", r.status)
+    assert.equal("fake", r.runtime.provider)
+    assert.is_number(r.phases.provision)
+    assert.is_number(r.phases.agent)
+    local tr = io.open(dir .. "/traces/" .. r.id .. ".jsonl"):read("a")
+    assert.matches('"kind":"exec"', tr, 1, true)
+    assert.matches("ran write", tr, 1, true)
+  end)
+
+  it("prints a text summary and per-episode lines off a TTY", function()
+    local code, stdout, stderr = run(basic_env(), { "-n", "2", "--out", out })
+    assert.equal(0, code)
+    assert.matches("episodes     2", stdout, 1, true)
+    assert.matches("mean reward  1.000", stdout, 1, true)
+    assert.matches("[1/2] t", stderr, 1, true)
+    assert.matches("[2/2] t", stderr, 1, true)
+  end)
+
+  it("selects tasks with -n and -t globs, and pulls iterators lazily", function()
+    local pulled = 0
+    local env = basic_env({ tasks = function()
+      local i = 0
+      return function()
+        i = i + 1
+        pulled = i
+        if i <= 100000 then return { id = "t" .. i, solution = "write /out " .. i } end
+      end
+    end })
+    local code, stdout = run(env, { "-n", "3", "--out", out, "-q", "--json" })
+    assert.equal(0, code)
+    assert.equal(3, json.decode(stdout).episodes)
+    assert.equal(3, pulled)
+    os.execute("rm -rf '" .. out .. "'/*")
+    code, stdout = run(basic_env(), { "-t", "t[13]", "-t", "t5", "--out", out, "-q", "--json" })
+    assert.equal(0, code)
+    assert.equal(1, json.decode(stdout).episodes)   -- t5; brackets are literal, not a class
+    os.execute("rm -rf '" .. out .. "'/*")
+    code, stdout = run(basic_env(), { "-t", "t?", "-t", "t5", "-n", "2", "--out", out, "-q", "--json" })
+    assert.equal(2, json.decode(stdout).episodes)
+  end)
+
+  it("passes env options and agent flags to ctx.config", function()
+    local seen
+    local env = basic_env({ options = { level = { type = "integer", default = 1 } },
+      setup = function(ctx) seen = ctx.config end })
+    local code = run(env, { "-n", "1", "--level", "7", "--model", "m", "--max-turns", "3", "--out", out, "-q" })
+    assert.equal(0, code)
+    assert.equal(7, seen.level)
+    assert.equal("m", seen.model)
+    assert.equal(3, seen.max_turns)
+  end)
+
+  it("rejects unknown flags with one line and exit 2; --help lists env options", function()
+    local code, stdout, stderr = run(basic_env(), { "--nope" })
+    assert.equal(2, code)
+    assert.equal("engine: run: unknown flag --nope (see --help)\n", stderr)
+    assert.equal("", stdout)
+    code, stdout = run(basic_env({ options = { tasks = { arg = "DIR", help = "task directory" } } }), { "--help" })
+    assert.equal(0, code)
+    assert.matches("--tasks DIR", stdout, 1, true)
+    assert.matches("--resume RUN_DIR", stdout, 1, true)
+    code, stdout, stderr = run(basic_env(), { "--agent", "martian", "--out", out })
+    assert.equal(2, code)
+    assert.matches("unknown agent 'martian'", stderr, 1, true)
+    code, stdout, stderr = run(basic_env(), { "-c", "0", "--out", out })
+    assert.equal(2, code)
+  end)
+
+  it("reports a task generator that raises in one line, exit 1, no run directory", function()
+    local env = basic_env({ tasks = function() error("cannot read tasks.json") end })
+    local code, _, stderr = run(env, { "--out", out })
+    assert.equal(1, code)
+    assert.matches("^engine: spec/runner_spec.lua: tasks: .*cannot read tasks.json\n$", stderr)
+    assert.is_nil(next({ select(2, pcall(require("lfs").dir, out)) }) and nil)
+    local n = 0
+    for name in require("lfs").dir(out) do if name ~= "." and name ~= ".." then n = n + 1 end end
+    assert.equal(0, n)
+  end)
+
+  it("stops on a generator that raises mid-run, keeping finished episodes", function()
+    local env = basic_env({ tasks = function()
+      local i = 0
+      return function()
+        i = i + 1
+        if i == 4 then error("bad task file") end
+        return { id = "t" .. i, solution = "write /out " .. i }
+      end
+    end })
+    local code, _, stderr = run(env, { "-c", "1", "--out", out, "-q" })
+    assert.equal(1, code)
+    assert.matches("bad task file", stderr)
+    local meta, records = trace.read(only_run(out))
+    assert.equal("failed", meta.status)
+    assert.equal(3, #records)
+  end)
+
+  it("classifies failures by phase and kind", function()
+    local env = basic_env({
+      tasks = { { id = "setup" }, { id = "agent" }, { id = "score" }, { id = "infra" }, { id = "noreward" } },
+      setup = function(ctx) if ctx.task.id == "setup" then error("setup broke") end end,
+      run = function(ctx)
+        if ctx.task.id == "agent" then error("agent broke") end
+        if ctx.task.id == "infra" then error({ kind = "sandbox", message = "box died" }) end
+      end,
+      score = function(ctx)
+        if ctx.task.id == "score" then error("scorer broke") end
+        if ctx.task.id == "noreward" then return "yes" end
+        return 1
+      end,
+    })
+    local code = run(env, { "--out", out, "-q" })
+    assert.equal(0, code)
+    local _, records = trace.read(only_run(out))
+    local by = {}
+    for _, r in ipairs(records) do by[r.task] = r end
+    assert.equal("env_error", by.setup.error.kind)
+    assert.equal("setup", by.setup.error.phase)
+    assert.matches("setup broke", by.setup.error.message)
+    assert.equal("agent_error", by.agent.error.kind)
+    assert.is_nil(by.agent.reward)             -- a failed agent is not scored
+    assert.equal("score_error", by.score.error.kind)
+    assert.equal("infra_error", by.infra.error.kind)
+    assert.equal(1, by.infra.attempt)          -- agent had started: never replayed
+    assert.equal("score_error", by.noreward.error.kind)
+    assert.equal(0, P.live)
+  end)
+
+  it("scores after an agent timeout and says so", function()
+    local env = basic_env({ tasks = { { id = "t1" } },
+      run = function(ctx)
+        ctx.sandbox:exec("write /out 1")
+        ctx.sandbox:exec("sleep 30")
+      end })
+    local t0 = engine.monotonic()
+    local code = run(env, { "--timeout-agent", "0.1", "--out", out, "-q" })
+    assert.equal(0, code)
+    assert.is_true(engine.monotonic() - t0 < 5)
+    local dir = only_run(out)
+    local _, records = trace.read(dir)
+    local r = records[1]
+    assert.equal("timeout", r.status)
+    assert.equal("timeout", r.error.kind)
+    assert.equal("agent", r.error.phase)
+    assert.is_true(r.agent_timed_out)
+    assert.equal(1, r.reward)                  -- what the agent left is judged
+    assert.matches("agent timed out", io.open(dir .. "/traces/t1.r0.jsonl"):read("a"), 1, true)
+    assert.equal(0, P.live)
+  end)
+
+  it("applies --timeout-multiplier and per-task timeouts", function()
+    local env = basic_env({ tasks = { { id = "t1", timeouts = { setup = 0.05 }, solution = "write /out 1" } },
+      setup = function(ctx) ctx.sandbox:exec("sleep 0.4") end })
+    local code = run(env, { "--out", out, "-q" })
+    assert.equal(0, code)
+    local _, records = trace.read(only_run(out))
+    assert.equal("timeout", records[1].error.kind)
+    assert.equal("setup", records[1].error.phase)
+    os.execute("rm -rf '" .. out .. "'/*")
+    code = run(env, { "--out", out, "-q", "--timeout-multiplier", "40" })
+    _, records = trace.read(only_run(out))
+    assert.equal("ok", records[1].status)
+  end)
+
+  it("retries infrastructure failures before the agent, with backoff", function()
+    P.fail_next = 2
+    local code = run(basic_env({ tasks = { { id = "t1", solution = "write /out 1" } } }),
+      { "--retries", "2", "--out", out, "-q" })
+    assert.equal(0, code)
+    local dir = only_run(out)
+    local _, records = trace.read(dir)
+    assert.equal("ok", records[1].status)
+    assert.equal(3, records[1].attempt)
+    assert.matches('"kind":"retry"', io.open(dir .. "/traces/t1.r0.jsonl"):read("a"), 1, true)
+    os.execute("rm -rf '" .. out .. "'/*")
+    P.fail_next = 5
+    run(basic_env({ tasks = { { id = "t1" } } }), { "--retries", "1", "--out", out, "-q" })
+    _, records = trace.read(only_run(out))
+    assert.equal("infra_error", records[1].error.kind)
+    assert.equal("provision", records[1].error.phase)
+    assert.equal(2, records[1].attempt)
+  end)
+
+  it("runs the env's cleanup hook even when the agent fails", function()
+    local cleaned = 0
+    local env = basic_env({ tasks = { { id = "a" }, { id = "b" } },
+      run = function(ctx) if ctx.task.id == "a" then error("x") end end,
+      cleanup = function(ctx) assert(ctx.sandbox:alive()); cleaned = cleaned + 1 end })
+    run(env, { "--out", out, "-q" })
+    assert.equal(2, cleaned)
+    assert.equal(0, P.live)
+  end)
+
+  it("reuses sandboxes through a pool and reports it", function()
+    local code, stdout = run(basic_env(), { "-r", "4", "-c", "2", "--pool", "--out", out, "-q", "--json" })
+    assert.equal(0, code)
+    local s = json.decode(stdout)
+    assert.equal(20, s.episodes)
+    assert.is_true(s.sandboxes.reused > 0)
+    assert.equal(20, s.sandboxes.created + s.sandboxes.reused)
+    assert.is_true(P.created <= 3)
+    assert.equal(0, P.live)                    -- the pool was closed at the end
+    local _, records = trace.read(only_run(out))
+    local borrowed = 0
+    for _, r in ipairs(records) do if r.runtime.borrowed then borrowed = borrowed + 1 end end
+    assert.equal(s.sandboxes.reused, borrowed)
+  end)
+
+  it("stops on Ctrl-C, cleans up, exits 130, and --resume finishes without duplicates", function()
+    local env = basic_env({ tasks = function() return n_tasks(6) end,
+      run = function(ctx)
+        if ctx.task.id == "t2" and ctx.rollout == 0 then
+          proc.run("kill -INT $PPID")            -- the engine itself
+        end
+        ctx.sandbox:exec("write /out " .. ctx.task.id:sub(2))
+        ctx.sandbox:exec("sleep 0.2")
+      end })
+    local code, stdout = run(env, { "-r", "2", "-c", "2", "--out", out, "-q", "--json" })
+    assert.equal(130, code)
+    assert.equal(0, P.live)
+    local dir = only_run(out)
+    local meta, records = trace.read(dir)
+    assert.equal("interrupted", meta.status)
+    assert.is_true(#records < 12)
+    assert.equal("interrupted", json.decode(stdout).status)
+    env.run = nil
+    code, stdout = run(env, { "--resume", dir, "-q", "--json" })
+    assert.equal(0, code)
+    local s = json.decode(stdout)
+    assert.equal(12, s.episodes)
+    assert.equal(1, s.mean_reward)
+    local all = trace.read_jsonl(dir .. "/episodes.jsonl")
+    local keys = {}
+    for _, r in ipairs(all) do
+      assert.is_nil(keys[r.key])
+      keys[r.key] = true
+    end
+    assert.equal(12, #all)
+    meta = trace.read(dir)
+    assert.equal("done", meta.status)
+    assert.equal(2, #meta.sessions)
+    assert.equal(0, P.live)
+  end)
+
+  it("re-runs a resumed episode whose task changed", function()
+    local version = 1
+    local env = basic_env({ tasks = function() return { { id = "t1", solution = "write /out 1", v = version } } end })
+    run(env, { "--out", out, "-q" })
+    local dir = only_run(out)
+    local code, stdout = run(env, { "--resume", dir, "-q", "--json" })
+    assert.equal(0, code)
+    assert.equal(1, #trace.read_jsonl(dir .. "/episodes.jsonl"))   -- nothing re-run
+    version = 2
+    code, stdout = run(env, { "--resume", dir, "-q", "--json" })
+    assert.equal(2, #trace.read_jsonl(dir .. "/episodes.jsonl"))
+    assert.equal(2, json.decode(stdout).episodes)
+  end)
+
+  it("refuses to resume a run of another env", function()
+    run(basic_env(), { "-n", "1", "--out", out, "-q" })
+    local dir = only_run(out)
+    local code, _, stderr = run(basic_env({ name = "other" }), { "--resume", dir })
+    assert.equal(2, code)
+    assert.matches("is a run of env 'fake', not 'other'", stderr, 1, true)
+  end)
+end)
+
+describe("engine.report", function()
+  it("computes unbiased pass@k", function()
+    assert.equal(0.25, report.pass_at_k(4, 1, 1))
+    assert.near(0.5, report.pass_at_k(4, 1, 2), 1e-12)
+    assert.equal(1.0, report.pass_at_k(4, 1, 4))
+    assert.equal(0.0, report.pass_at_k(4, 0, 2))
+    assert.equal(1.0, report.pass_at_k(4, 4, 1))
+    assert.is_nil(report.pass_at_k(2, 1, 4))
+  end)
+
+  it("summarizes rewards, errors and phases", function()
+    local recs = {}
+    for i = 1, 8 do
+      recs[i] = { task = "t" .. (i % 2), task_hash = "h", rollout = (i - 1) // 2, reward = (i <= 4) and 1 or 0,
+        phases = { agent = i } }
+    end
+    recs[8].reward, recs[8].error = nil, { kind = "infra_error" }
+    local s = report.summarize(recs, { rollouts = 4 })
+    assert.equal(8, s.episodes)
+    assert.equal(7, s.scored)
+    assert.equal(0.5, s.mean_reward)
+    assert.near(math.sqrt(0.25 * 8 / 7 / 8), s.stderr, 1e-9)
+    assert.equal(1, s.errors.infra_error)
+    assert.same({ 1, 2, 4 }, { s.pass_at_k[1].k, s.pass_at_k[2].k, s.pass_at_k[3].k })
+    assert.equal(0.5, s.pass_at_k[1].value)
+    assert.equal(4.5, s.phases[1].p50)
+    local text = report.format(s)
+    assert.matches("pass@1 0.500", text, 1, true)
+    assert.matches("infra_error 1", text, 1, true)
+  end)
+
+  it("omits pass@k when rewards are not 0/1", function()
+    local s = report.summarize({ { task = "a", reward = 0.5 } }, { rollouts = 1 })
+    assert.is_nil(s.pass_at_k)
+  end)
+
+  it("draws one live line on a TTY", function()
+    local buf = {}
+    local fake = { write = function(self, ...) for _, s in ipairs({ ... }) do buf[#buf + 1] = s end end, flush = function() end }
+    local p = report.progress({ total = 4, tty = true, out = fake })
+    p:running(2)
+    p:episode({ id = "a", reward = 1 })
+    local text = table.concat(buf)
+    assert.matches("\r\27[K1/4 done, 2 running, 0 errors, mean 1.000", text, 1, true)
+    assert.is_nil(text:find("\n"))
+  end)
+end)
