@@ -2,23 +2,20 @@
  * proc.c: child processes (engine.proc) and the engine.Process object that
  * host and sandboxed children share (see proc.h).
  *
- * A Process has three streams (stdin write end, stdout and stderr read
- * ends), all non-blocking pipes driven by ev_io, and an exit status that
- * arrives through eng_proc_exited(). At most one task waits on each slot:
- * a writer (stdin), a reader of stdout, a reader of stderr, and a finisher
+ * A Process has three non-blocking pipes driven by ev_io and an exit status
+ * that arrives through eng_proc_exited(). At most one task waits on each
+ * stream (a writer, a stdout reader, a stderr reader) plus a finisher
  * (wait/communicate), which captures both outputs up to max_output (the
  * rest is read and dropped so the child never blocks) until the child has
  * exited and both outputs reached EOF. Every state change ends in update(),
- * which wakes whichever waiters can now complete and re-arms the watchers
- * that somebody needs. Results are built under a protected call on the
- * main thread and moved to the woken task, so no Lua error can unwind
- * through libev.
+ * which wakes the waiters that can complete and re-arms only the watchers
+ * somebody needs. Results are built under a protected call on the main
+ * thread, so no Lua error unwinds through libev.
  *
- * Host children are started with posix_spawn in their own process group
- * (kill reaches the whole tree), with signal dispositions reset, all fds
- * above 2 closed, and an ev_child watcher that outlives the Process: when
- * a Process is collected while its child still runs, the group is killed
- * and the watcher reaps the child later, so nothing ever blocks.
+ * Host children: posix_spawn into their own process group (a kill reaches
+ * the tree), signals reset, fds above 2 closed; their ev_child watcher
+ * outlives the Process, so a collected Process never blocks: it kills the
+ * group and the watcher reaps the child later.
  */
 #include "engine.h"
 #include "proc.h"
@@ -141,10 +138,8 @@ static void stream_close(eng_proc *p, int i) {
   if (s->fd >= 0) close(s->fd);
   s->fd = -1;
   s->eof = 1;
-  if (i == IN) {
-    if (s->off < s->len) s->werr = 1;
-    buf_free(s);
-  }
+  if (i == IN && s->off < s->len) s->werr = 1;
+  if (i == IN) buf_free(s);
 }
 
 /* Reads what the pipe holds now (up to a budget) into the buffer. While
@@ -184,17 +179,9 @@ static void flush_in(eng_proc *p) {
   if (s->fd >= 0 && p->close_after) stream_close(p, IN);
 }
 
-/* Queues n bytes for stdin (writing what fits at once). 0 on ENOMEM. */
+/* Queues n bytes for stdin and writes what fits at once. 0 on ENOMEM. */
 static int queue_input(eng_proc *p, const char *data, size_t n) {
   stream *s = &p->s[IN];
-  while (n > 0 && s->off == s->len) {
-    ssize_t k = write(s->fd, data, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && errno == EAGAIN) break;
-    if (k <= 0) { s->werr = 1; stream_close(p, IN); return 1; }
-    data += k;
-    n -= (size_t)k;
-  }
   if (n > 0 && !buf_reserve(s, n)) return 0;
   if (n > 0) memcpy(s->buf + s->len, data, n);
   s->len += n;
@@ -216,7 +203,8 @@ static int ready(eng_proc *p, int i, int op) {
   case OP_READ: return s->eof || s->off < s->len;
   case OP_LINE:
     if (s->eof) return 1;
-    if (memchr(s->buf + s->off + s->scan, '\n', s->len - s->off - s->scan)) return 1;
+    if (s->len > s->off + s->scan &&
+        memchr(s->buf + s->off + s->scan, '\n', s->len - s->off - s->scan)) return 1;
     s->scan = s->len - s->off;
     return 0;
   case OP_FINISH:
@@ -236,17 +224,20 @@ static void set_flag(lua_State *L, const char *k, int v) {
   lua_setfield(L, -2, k);
 }
 
+/* t[k] = v, or nothing when !set. [-0, +0, m] */
+static void set_int(lua_State *L, const char *k, int set, int v) {
+  if (!set) return;
+  lua_pushinteger(L, v);
+  lua_setfield(L, -2, k);
+}
+
 /* Pushes the result table and ends the finish operation: timer stopped,
  * every stream closed. [-0, +1, m] */
 static void push_result(eng_proc *p, lua_State *L) {
   if (p->killed) { fill(p, OUT); fill(p, ERR); }
   lua_createtable(L, 0, 8);
-  if (WIFEXITED(p->wstatus)) lua_pushinteger(L, WEXITSTATUS(p->wstatus));
-  else lua_pushnil(L);
-  lua_setfield(L, -2, "code");
-  if (WIFSIGNALED(p->wstatus)) lua_pushinteger(L, WTERMSIG(p->wstatus));
-  else lua_pushnil(L);
-  lua_setfield(L, -2, "signal");
+  set_int(L, "code", WIFEXITED(p->wstatus), WEXITSTATUS(p->wstatus));
+  set_int(L, "signal", WIFSIGNALED(p->wstatus), WTERMSIG(p->wstatus));
   push_rest(L, &p->s[OUT]);
   lua_setfield(L, -2, "stdout");
   push_rest(L, &p->s[ERR]);
@@ -320,20 +311,19 @@ static void deliver(eng_proc *p, eng_task *t, int i, int op) {
   eng_task_wake(t, n);
 }
 
+/* Delivers op to the task in *slot, if any, when it can complete (always
+ * for OP_CLOSED), emptying the slot first. */
+static void try_wake(eng_proc *p, eng_task **slot, int i, int op) {
+  eng_task *t = *slot;
+  if (!t || !ready(p, i, op)) return;
+  *slot = NULL;
+  deliver(p, t, i, op);
+}
+
 /* Wakes every waiter whose operation can now complete, then re-arms. */
 static void update(eng_proc *p) {
-  for (int i = IN; i <= ERR; i++) {
-    stream *s = &p->s[i];
-    eng_task *t = s->waiter;
-    if (!t || !ready(p, i, s->op)) continue;
-    s->waiter = NULL;
-    deliver(p, t, i, s->op);
-  }
-  if (p->finisher && ready(p, OUT, OP_FINISH)) {
-    eng_task *t = p->finisher;
-    p->finisher = NULL;
-    deliver(p, t, OUT, OP_FINISH);
-  }
+  for (int i = IN; i <= ERR; i++) try_wake(p, &p->s[i].waiter, i, p->s[i].op);
+  try_wake(p, &p->finisher, OUT, OP_FINISH);
   arm(p);
 }
 
@@ -369,36 +359,19 @@ void eng_proc_exited(eng_proc *p, int wstatus) {
 
 void eng_proc_set_oom(eng_proc *p) { p->oom = 1; }
 
-/* Wakes every waiting task with nil, "closed". */
-static void fail_waiters(eng_proc *p) {
-  for (int i = IN; i <= ERR; i++) {
-    eng_task *t = p->s[i].waiter;
-    p->s[i].waiter = NULL;
-    if (t) deliver(p, t, i, OP_CLOSED);
-  }
-  if (p->finisher) {
-    eng_task *t = p->finisher;
-    p->finisher = NULL;
-    deliver(p, t, OUT, OP_CLOSED);
-  }
-}
-
 /* The one release of __gc and __close: kills a running child's group with
  * SIGKILL, closes every fd, frees the buffers and forgets ctx. Idempotent,
  * never raises, never blocks. */
 static void proc_release(eng_proc *p) {
   if (p->released) return;
-  fail_waiters(p);
+  for (int i = IN; i <= ERR; i++) try_wake(p, &p->s[i].waiter, i, OP_CLOSED);
+  try_wake(p, &p->finisher, OUT, OP_CLOSED);
   p->released = 1;
   kill_group(p, SIGKILL);
   ev_timer_stop(eng_loop(), &p->timer);
-  for (int i = IN; i <= ERR; i++) {
-    stream_close(p, i);
-    buf_free(&p->s[i]);
-  }
+  for (int i = IN; i <= ERR; i++) stream_close(p, i), buf_free(&p->s[i]);
   if (p->ops && p->ops->release) p->ops->release(p->ctx);
   p->ops = NULL;
-  p->ctx = NULL;
 }
 
 static void stream_init(eng_proc *p, int i, int fd) {
@@ -407,10 +380,8 @@ static void stream_init(eng_proc *p, int i, int fd) {
   s->fd = fd;
   s->eof = fd < 0;
   s->want = SIZE_MAX;
-  if (fd >= 0) {
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
-  }
+  if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  if (fd >= 0) fcntl(fd, F_SETFD, FD_CLOEXEC);
   ev_io_init(&s->io, io_cb, fd, i == IN ? EV_WRITE : EV_READ);
   s->io.data = p;
 }
@@ -423,8 +394,6 @@ eng_proc *eng_proc_push(lua_State *L, int pid, int in_fd, int out_fd, int err_fd
   setup_metatable(L);
   p = lua_newuserdatauv(L, sizeof *p, 0);
   memset(p, 0, sizeof *p);
-  p->released = 1;                    /* closed until fully set up */
-  luaL_setmetatable(L, PROC_MT);
   stream_init(p, IN, in_fd);
   stream_init(p, OUT, out_fd);
   stream_init(p, ERR, err_fd);
@@ -435,7 +404,7 @@ eng_proc *eng_proc_push(lua_State *L, int pid, int in_fd, int out_fd, int err_fd
   p->ctx = ctx;
   p->max_output = DEFAULT_MAX_OUTPUT;
   p->started = mono();
-  p->released = 0;
+  luaL_setmetatable(L, PROC_MT);
   return p;
 }
 
@@ -506,19 +475,17 @@ static size_t opt_size(lua_State *L, int idx, size_t def) {
   return (size_t)n;
 }
 
-/* p:read([n]) -> the next chunk of stdout (at most n bytes), nil at EOF */
-static int l_read(lua_State *L) {
+/* The next chunk of stream i (at most n bytes), nil at EOF. */
+static int read_chunk(lua_State *L, int i, lua_CFunction self) {
   eng_proc *p = check_proc(L, 1);
-  p->s[OUT].want = opt_size(L, 2, SIZE_MAX);
-  return stream_op(L, p, OUT, OP_READ, l_read);
+  size_t n = opt_size(L, 2, SIZE_MAX);
+  if (!p->s[i].waiter) p->s[i].want = n;
+  return stream_op(L, p, i, OP_READ, self);
 }
 
-/* p:read_stderr([n]) -> the next chunk of stderr, nil at EOF */
-static int l_read_stderr(lua_State *L) {
-  eng_proc *p = check_proc(L, 1);
-  p->s[ERR].want = opt_size(L, 2, SIZE_MAX);
-  return stream_op(L, p, ERR, OP_READ, l_read_stderr);
-}
+/* p:read([n]), p:read_stderr([n]) */
+static int l_read(lua_State *L) { return read_chunk(L, OUT, l_read); }
+static int l_read_stderr(lua_State *L) { return read_chunk(L, ERR, l_read_stderr); }
 
 /* The iterator of p:lines(): next stdout line without "\n", nil at EOF. */
 static int l_next_line(lua_State *L) {
@@ -558,19 +525,41 @@ static void finish_cleanup(void *data) {
   update(p);
 }
 
+/* Queues input for stdin and closes it once written (nothing if stdin is
+ * already closed). Raises if another write is under way. */
+static void feed(lua_State *L, eng_proc *p, const char *input, size_t n) {
+  stream *s = &p->s[IN];
+  if (s->fd < 0) return;
+  if (s->waiter || s->off < s->len) luaL_error(L, "stdin is busy (another write or a stdin feed)");
+  p->close_after = 1;
+  if (!queue_input(p, input, n)) luaL_error(L, "out of memory");
+  arm(p);
+}
+
+typedef struct finish_opts {
+  const char *input;      /* NULL: none */
+  size_t input_len, max_output;
+  double timeout;         /* < 0: none */
+  int close_stdin;        /* communicate: feed input, else close stdin */
+} finish_opts;
+
 /* Waits (in the running task) until the child has exited and both outputs
- * reached EOF, capturing them; after timeout seconds (< 0: never) kills
- * the group and finishes once the child is reaped. Pushes the result. */
-static int finish(lua_State *L, eng_proc *p, double timeout, size_t max_output) {
+ * reached EOF, capturing them; after o->timeout seconds kills the group and
+ * finishes once the child is reaped. For communicate, first feeds o->input
+ * or closes stdin (unless a feed is under way). Pushes the result. */
+static int finish(lua_State *L, eng_proc *p, const finish_opts *o) {
   if (p->finisher || p->s[OUT].waiter || p->s[ERR].waiter)
     return luaL_error(L, "another task is already waiting on this process");
+  if (o->close_stdin && o->input) feed(L, p, o->input, o->input_len);
+  else if (o->close_stdin && !(p->close_after && p->s[IN].off < p->s[IN].len))
+    stream_close(p, IN);
   p->capture = 1;
-  p->max_output = max_output;
+  p->max_output = o->max_output;
   update(p);
   if (ready(p, OUT, OP_FINISH)) return produce(p, OUT, OP_FINISH, L);
-  if (timeout >= 0) {
+  if (o->timeout >= 0) {
     ev_now_update(eng_loop());
-    ev_timer_set(&p->timer, timeout, 0);
+    ev_timer_set(&p->timer, o->timeout, 0);
     ev_timer_start(eng_loop(), &p->timer);
   }
   p->finisher = eng_task_current(L);
@@ -578,56 +567,49 @@ static int finish(lua_State *L, eng_proc *p, double timeout, size_t max_output) 
 }
 
 static double opt_timeout(lua_State *L, int idx) {
-  double t = luaL_optnumber(L, idx, -1);
+  double t;
   if (lua_isnoneornil(L, idx)) return -1;
+  t = luaL_checknumber(L, idx);
   luaL_argcheck(L, t >= 0, idx, "timeout must not be negative");
   return t;
 }
 
-/* p:wait([timeout]) -> result (stdout/stderr: what nobody had read) */
-static int l_wait(lua_State *L) {
-  eng_proc *p = check_proc(L, 1);
-  double timeout = opt_timeout(L, 2);
-  if (!eng_task_current(L)) return eng_task_block(L, l_wait);
-  return finish(L, p, timeout, DEFAULT_MAX_OUTPUT);
+/* A string field of opts, or NULL. [-0, +0, v] */
+static const char *opt_string(lua_State *L, int opts, const char *k, size_t *len) {
+  const char *s = NULL;
+  if (opts == 0) return NULL;
+  lua_getfield(L, opts, k);
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "opts.%s must be a string", k);
+    s = lua_tolstring(L, -1, len);     /* anchored by opts */
+  }
+  lua_pop(L, 1);
+  return s;
 }
 
-typedef struct finish_opts {
-  const char *input;      /* NULL: none */
-  size_t input_len, max_output;
-  double timeout;
-} finish_opts;
 
 /* Reads {stdin=, timeout=, max_output=} from the table at idx (or none). */
 static void check_finish_opts(lua_State *L, int idx, finish_opts *o) {
   memset(o, 0, sizeof *o);
   o->timeout = -1;
   o->max_output = DEFAULT_MAX_OUTPUT;
+  o->close_stdin = 1;
   if (lua_isnoneornil(L, idx)) return;
   luaL_checktype(L, idx, LUA_TTABLE);
-  lua_getfield(L, idx, "stdin");
-  if (!lua_isnil(L, -1)) {
-    luaL_argexpected(L, lua_type(L, -1) == LUA_TSTRING, idx, "string opts.stdin");
-    o->input = lua_tolstring(L, -1, &o->input_len);   /* anchored by opts */
-  }
+  o->input = opt_string(L, idx, "stdin", &o->input_len);
   lua_getfield(L, idx, "timeout");
   o->timeout = opt_timeout(L, lua_gettop(L));
   lua_getfield(L, idx, "max_output");
   o->max_output = opt_size(L, lua_gettop(L), DEFAULT_MAX_OUTPUT);
-  lua_pop(L, 3);
+  lua_pop(L, 2);
 }
 
-/* Feeds the input (then closes stdin), or closes stdin when there is none
- * and no feed is under way. */
-static void start_input(lua_State *L, eng_proc *p, const finish_opts *o) {
-  stream *s = &p->s[IN];
-  if (o->input && s->fd >= 0) {
-    if (s->waiter || s->off < s->len) luaL_error(L, "stdin is busy (another write or a stdin feed)");
-    p->close_after = 1;
-    if (!queue_input(p, o->input, o->input_len)) luaL_error(L, "out of memory");
-  } else if (!p->close_after || s->off == s->len) {
-    stream_close(p, IN);
-  }
+/* p:wait([timeout]) -> result (stdout/stderr: what nobody had read) */
+static int l_wait(lua_State *L) {
+  eng_proc *p = check_proc(L, 1);
+  finish_opts o = { NULL, 0, DEFAULT_MAX_OUTPUT, opt_timeout(L, 2), 0 };
+  if (!eng_task_current(L)) return eng_task_block(L, l_wait);
+  return finish(L, p, &o);
 }
 
 /* p:communicate{stdin=, timeout=, max_output=} -> result */
@@ -636,14 +618,21 @@ static int l_communicate(lua_State *L) {
   finish_opts o;
   check_finish_opts(L, 2, &o);
   if (!eng_task_current(L)) return eng_task_block(L, l_communicate);
-  if (p->finisher || p->s[OUT].waiter || p->s[ERR].waiter)
-    return luaL_error(L, "another task is already waiting on this process");
-  start_input(L, p, &o);
-  return finish(L, p, o.timeout, o.max_output);
+  return finish(L, p, &o);
 }
 
+/* p:close() and __close: release, waking waiting tasks with nil, "closed". */
 static int l_close(lua_State *L) {
   proc_release(to_proc(L, 1));
+  return 0;
+}
+
+/* __gc: nobody can be waiting (a waiter anchors p), except at lua_close,
+ * where tasks must not be woken. */
+static int l_gc(lua_State *L) {
+  eng_proc *p = to_proc(L, 1);
+  p->finisher = p->s[IN].waiter = p->s[OUT].waiter = p->s[ERR].waiter = NULL;
+  proc_release(p);
   return 0;
 }
 
@@ -658,12 +647,8 @@ static int l_tostring(lua_State *L) {
 static int l_index(lua_State *L) {
   eng_proc *p = to_proc(L, 1);
   const char *k = lua_tostring(L, 2);
-  if (k && strcmp(k, "pid") == 0) {
-    lua_pushinteger(L, p->pid);
-    return 1;
-  }
-  lua_pushvalue(L, 2);
-  lua_rawget(L, lua_upvalueindex(1));
+  if (k && strcmp(k, "pid") == 0) lua_pushinteger(L, p->pid);
+  else lua_rawget(L, lua_upvalueindex(1));
   return 1;
 }
 
@@ -674,21 +659,20 @@ static const luaL_Reg proc_methods[] = {
   {NULL, NULL}
 };
 
+static const luaL_Reg proc_meta[] = {
+  {"__gc", l_gc}, {"__close", l_close}, {"__tostring", l_tostring}, {NULL, NULL}
+};
+
 /* Creates the engine.Process metatable once (and notes the main thread). */
 static void setup_metatable(lua_State *L) {
   if (!luaL_newmetatable(L, PROC_MT)) { lua_pop(L, 1); return; }
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   main_L = lua_tothread(L, -1);
   lua_pop(L, 1);
+  luaL_setfuncs(L, proc_meta, 0);
   luaL_newlib(L, proc_methods);
   lua_pushcclosure(L, l_index, 1);
   lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, l_close);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, l_close);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, l_tostring);
-  lua_setfield(L, -2, "__tostring");
   lua_pop(L, 1);
 }
 
@@ -740,12 +724,8 @@ static const char **check_argv(lua_State *L, int idx) {
   const char **argv;
   lua_Integer n;
   if (lua_type(L, idx) == LUA_TSTRING) {
-    argv = lua_newuserdatauv(L, 4 * sizeof *argv, 0);
-    argv[0] = "/bin/sh";
-    argv[1] = "-c";
-    argv[2] = lua_tostring(L, idx);
-    argv[3] = NULL;
-    return argv;
+    const char *sh[] = { "/bin/sh", "-c", lua_tostring(L, idx), NULL };
+    return memcpy(lua_newuserdatauv(L, sizeof sh, 0), sh, sizeof sh);
   }
   luaL_argexpected(L, lua_type(L, idx) == LUA_TTABLE, idx, "string or argv table");
   n = luaL_len(L, idx);
@@ -788,19 +768,6 @@ static char **check_env(lua_State *L, int opts) {
   return envp;
 }
 
-/* A string field of opts, or NULL. [-0, +0, v] */
-static const char *opt_string(lua_State *L, int opts, const char *k, size_t *len) {
-  const char *s = NULL;
-  if (opts == 0) return NULL;
-  lua_getfield(L, opts, k);
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "opts.%s must be a string", k);
-    s = lua_tolstring(L, -1, len);     /* anchored by opts */
-  }
-  lua_pop(L, 1);
-  return s;
-}
-
 /* Checks cmd and opts (cwd, env); raises on bad types. [-0, +3, v] */
 static void check_spawn(lua_State *L, int cmd, int opts, spawn_req *r) {
   if (opts && !lua_isnoneornil(L, opts)) luaL_checktype(L, opts, LUA_TTABLE);
@@ -817,18 +784,14 @@ static void close_all(int *fds, int n) {
 /* Pipes: child[i] is the child's end of stream i, mine[i] the engine's. */
 static int open_pipes(int child[3], int mine[3]) {
   int fd[2];
+  int e = 0;
   for (int i = 0; i < 3; i++) child[i] = mine[i] = -1;
-  for (int i = 0; i < 3; i++) {
-    if (pipe2(fd, O_CLOEXEC) < 0) {
-      int e = errno;
-      close_all(child, 3);
-      close_all(mine, 3);
-      return e;
-    }
-    child[i] = fd[i == IN ? 0 : 1];
-    mine[i] = fd[i == IN ? 1 : 0];
+  for (int i = 0; i < 3 && !e; i++) {
+    if (pipe2(fd, O_CLOEXEC) < 0) e = errno;
+    else child[i] = fd[i == IN ? 0 : 1], mine[i] = fd[i == IN ? 1 : 0];
   }
-  return 0;
+  if (e) close_all(child, 3), close_all(mine, 3);
+  return e;
 }
 
 /* posix_spawnp with the pipes on 0/1/2, every other fd closed, its own
@@ -865,16 +828,12 @@ static int do_spawn(lua_State *L, const spawn_req *r) {
   host_child *h = calloc(1, sizeof *h);
   if (!h) return luaL_error(L, "out of memory");
   luaL_checkstack(L, 4, "spawn");
-  if ((e = open_pipes(child, mine)) != 0) {
-    free(h);
-    lua_pushnil(L);
-    lua_pushfstring(L, "spawn: %s", strerror(e));
-    return 2;
+  if ((e = open_pipes(child, mine)) == 0) {
+    e = spawn_with(r, child, &pid);
+    close_all(child, 3);
+    if (e) close_all(mine, 3);
   }
-  e = spawn_with(r, child, &pid);
-  close_all(child, 3);
   if (e) {
-    close_all(mine, 3);
     free(h);
     lua_pushnil(L);
     lua_pushfstring(L, "spawn: %s", strerror(e));
@@ -893,16 +852,10 @@ static int l_spawn(lua_State *L) {
   spawn_req r;
   size_t n = 0;
   const char *input;
-  eng_proc *p;
   check_spawn(L, 1, 2, &r);
   input = opt_string(L, lua_istable(L, 2) ? 2 : 0, "stdin", &n);
   if (do_spawn(L, &r) != 1) return 2;
-  p = lua_touserdata(L, -1);
-  if (input) {
-    p->close_after = 1;
-    if (!queue_input(p, input, n)) return luaL_error(L, "out of memory");
-    arm(p);
-  }
+  if (input) feed(L, lua_touserdata(L, -1), input, n);
   return 1;
 }
 
@@ -911,15 +864,12 @@ static int l_spawn(lua_State *L) {
 static int l_run(lua_State *L) {
   spawn_req r;
   finish_opts o;
-  eng_proc *p;
   lua_settop(L, 2);
   check_spawn(L, 1, 2, &r);
   check_finish_opts(L, 2, &o);
   if (!eng_task_current(L)) return eng_task_block(L, l_run);
   if (do_spawn(L, &r) != 1) return 2;
-  p = lua_touserdata(L, -1);
-  start_input(L, p, &o);
-  return finish(L, p, o.timeout, o.max_output);
+  return finish(L, lua_touserdata(L, -1), &o);
 }
 
 static const luaL_Reg proc_funcs[] = {
