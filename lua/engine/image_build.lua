@@ -149,6 +149,9 @@ local function tree_lines(path, rel, out)
   end
 end
 
+-- Forgets the remembered file digests (benchmarks, tests).
+function M.forget_digests() file_digests = {} end
+
 -- Digest of a file or tree: names, types, modes, contents, link targets.
 function M.tree_digest(path)
   local out = {}
