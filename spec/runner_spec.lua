@@ -390,6 +390,59 @@ describe("engine.runner", function()
   end)
 end)
 
+describe("engine.play", function()
+  local play = require "engine.play"
+  local P, out
+  before_each(function() P = fake_provider(); out = tmpdir() end)
+  after_each(function() os.execute("rm -rf '" .. out .. "'"); runner.providers.fake = nil end)
+
+  local function env_for_play()
+    return basic_env({ setup = function(ctx) ctx.sandbox:write("/in", "x") end })
+  end
+
+  it("provisions the task, plays, scores, resets and records a human episode", function()
+    local said = {}
+    local p = play.start(env_for_play(), { task = "t3", out = out, print = function(s) said[#said + 1] = s end })
+    assert.equal("t3", p.task.id)
+    assert.equal("x", p.sb:read("/in"))            -- setup ran
+    assert.equal(1, P.live)
+    assert.equal(0, p.score())                     -- nothing written yet
+    assert.equal(0, p.last_reward)
+    p.sh("write /out 3")
+    assert.equal(1, p.score())
+    local first = p.sb.id
+    p.reset()
+    assert.equal(1, P.live)                        -- old box stopped, new one up
+    assert.not_equal(first, p.sb.id)
+    assert.is_nil(p.sb:read("/out"))               -- fresh box
+    p.sh("write /out 3")
+    local rec = p:finish()
+    assert.equal(rec, p:finish())                  -- idempotent
+    assert.equal(0, P.live)
+    assert.equal(1, rec.reward)
+    assert.equal("human", rec.agent)
+    local meta, records = trace.read(p.run_dir)
+    assert.equal("done", meta.status)
+    assert.equal("human", meta.agent)
+    assert.equal(1, #records)
+    local tr = io.open(p.run_dir .. "/traces/t3.human.jsonl"):read("a")
+    assert.matches('"kind":"reset"', tr, 1, true)
+    assert.matches("write \\/out 3", tr)
+    assert.has_error(function() p.sh("ls") end)
+  end)
+
+  it("fails in one line for an unknown task, and leaves nothing running", function()
+    local ok, err = pcall(play.start, env_for_play(), { task = "nope", out = out })
+    assert.is_false(ok)
+    assert.matches("has no task 'nope' %(tasks: t1, t2", tostring(err))
+    P.fail_next = 1
+    ok, err = pcall(play.start, env_for_play(), { task = "t1", out = out })
+    assert.is_false(ok)
+    assert.matches("provision: sandbox: no capacity", tostring(err), 1, true)
+    assert.equal(0, P.live)
+  end)
+end)
+
 describe("engine.report", function()
   it("computes unbiased pass@k", function()
     assert.equal(0.25, report.pass_at_k(4, 1, 1))

@@ -796,4 +796,10 @@ function M.execute(env_table, env_path, args, config, agent)
   return 0
 end
 
+-- What engine.play shares with the runner: one episode's building blocks.
+M.internal = {
+  task_iterator = task_iterator, provision = provision, release = release,
+  new_ctx = new_ctx, new_run_id = new_run_id, first_line = first_line, file_hash = file_hash,
+}
+
 return M
