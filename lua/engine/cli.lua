@@ -9,7 +9,13 @@ usage: engine <command> [args]
 
 commands:
   run FILE.lua [args...]   run a script, or an environment's episodes
-  repl [FILE.lua]          interactive Lua with the engine loaded
+                           (engine run ENV.lua --help lists the run flags)
+  repl [ENV.lua --task T]  interactive Lua with the engine loaded; with an
+                           environment, play one of its tasks by hand
+  show RUN_DIR             the summary of an existing run
+  ps                       live sandboxes
+  gc                       remove what a killed engine left behind
+  images [prune]           built and imported images; remove unused layers
   --help                   this text
   --version                the engine's version
 ]]
