@@ -1,0 +1,103 @@
+/*
+ * sandbox.h: what the three halves of the local sandbox share.
+ *
+ *   sb_core.c    the engine side: clone, cgroups, the request socket, the
+ *                Lua module engine.sandbox.core
+ *   sb_rootfs.c  the child side before it serves: mounts, pivot_root,
+ *                hostname, lo, capabilities, seccomp
+ *   sb_super.c   pid 1 inside: starts commands, reaps, answers file ops
+ *   sb_cgroup.c  cgroup v1/v2 limits and accounting
+ *   sb_files.c   file objects and host-side helpers for copies
+ *
+ * The engine and the supervisor talk over a SOCK_SEQPACKET socketpair: one
+ * message = one sb_msg header plus an optional payload, and up to three
+ * descriptors passed with SCM_RIGHTS. The engine treats every byte the
+ * supervisor sends as untrusted (it runs code the sandbox could influence).
+ */
+#ifndef ENGINE_SANDBOX_H
+#define ENGINE_SANDBOX_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SB_MAX_MSG 65536
+#define SB_MAX_LAYERS 32
+#define SB_MAX_EXTRA 32
+
+enum sb_op {
+  SB_READY = 1,   /* supervisor -> engine once set up: a = errno, payload msg */
+  SB_START,       /* argv\0..\0 \0 env\0..\0 \0 cwd\0; a = uid, b = gid */
+  SB_KILL,        /* a = pid, b = signal; no reply */
+  SB_OPEN,        /* a = flags (SB_O_*), b = mode, payload path; reply fd */
+  SB_MKDIR,       /* a = parents, b = mode */
+  SB_REMOVE,      /* a = recursive */
+  SB_LIST,        /* reply: memfd of "T name\0" records */
+  SB_STAT,        /* a = follow; reply a = type char, b = mode, c = size */
+  SB_EXIT         /* supervisor -> engine: seq of the START, a = wait status */
+};
+
+enum { SB_O_READ = 1, SB_O_WRITE = 2 };
+
+typedef struct sb_msg {
+  uint32_t op, seq;
+  int32_t a, b;
+  int64_t c;
+} sb_msg;
+
+/* Everything the child needs to build its root; filled in by the engine
+ * before clone() and read by the child from its own copy. */
+typedef struct sb_config {
+  char id[64];
+  char mnt[PATH_MAX];            /* where the child mounts its tmpfs */
+  char layers[SB_MAX_LAYERS][PATH_MAX];  /* top first; "host" allowed */
+  int nlayers;
+  char upper_dir[PATH_MAX];      /* "" = on the tmpfs */
+  char workdir[PATH_MAX];
+  long long disk;                /* tmpfs bytes */
+  int net_none;
+  char hide[SB_MAX_EXTRA][PATH_MAX];
+  int nhide;
+  char mount_src[SB_MAX_EXTRA][PATH_MAX], mount_dst[SB_MAX_EXTRA][PATH_MAX];
+  int mount_ro[SB_MAX_EXTRA];
+  int nmounts;
+  void *bpf;                     /* struct sock_fprog, built once */
+} sb_config;
+
+/* sb_rootfs.c: runs in the child; returns 0 or an errno with msg set. */
+int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen);
+/* Builds the seccomp program once per engine; NULL on failure. */
+void *eng_sb_seccomp_prog(void);
+
+/* sb_super.c: serves requests on fd until the engine goes away. */
+void eng_sb_serve(int fd) __attribute__((noreturn));
+
+/* Send/receive one message with up to 3 fds. Return -1 on error. */
+int eng_sb_send(int fd, const sb_msg *m, const void *payload, size_t len,
+                const int *fds, int nfds);
+ssize_t eng_sb_recv(int fd, sb_msg *m, char *payload, size_t cap, int *fds,
+                    int *nfds);
+
+/* sb_cgroup.c */
+typedef struct sb_cgroup {
+  char path[3][PATH_MAX];        /* memory, pids, cpu dirs; "" if unused */
+  int v2;
+} sb_cgroup;
+
+int eng_sb_cgroup_create(sb_cgroup *cg, const char *id, long long memory,
+                         long long pids, double cpus, char *err, size_t errlen);
+int eng_sb_cgroup_add(const sb_cgroup *cg, pid_t pid);
+int eng_sb_cgroup_remove(sb_cgroup *cg);        /* 0 when all are gone */
+long long eng_sb_cgroup_oom_kills(const sb_cgroup *cg);
+long long eng_sb_cgroup_memory(const sb_cgroup *cg);
+const char *eng_sb_cgroup_base(int which);     /* for gc: controller roots */
+
+/* sb_files.c: the engine.SandboxFile object (a descriptor the supervisor
+ * opened inside the sandbox) and host-side helpers for tree copies. */
+struct lua_State;
+void eng_sb_push_file(struct lua_State *L, int fd);   /* [-0, +1, m] */
+void eng_sb_files_open(struct lua_State *L);         /* adds host_* to table */
+const char *eng_sb_errmsg(int err);
+
+#endif

@@ -1,0 +1,159 @@
+/*
+ * sb_cgroup.c: per-sandbox cgroups for memory, pids and cpu limits.
+ *
+ * cgroup v2 is used when the unified hierarchy at /sys/fs/cgroup has the
+ * memory controller; otherwise v1 (one directory per controller). Each
+ * sandbox gets <root>/engine/<id>; the supervisor (and so everything in
+ * the sandbox) is moved there right after clone(), before any command can
+ * start. Memory and pids groups always exist (accounting for `engine ps`,
+ * a fork bomb ceiling); cpu only when `cpus` is set.
+ */
+#include "sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define V2_ROOT "/sys/fs/cgroup"
+
+static const char *v1_names[3] = {"memory", "pids", "cpu"};
+static int mode = -1;            /* -1 unknown, 1 v1, 2 v2 */
+
+static int write_file(const char *dir, const char *file, const char *value) {
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = write(fd, value, strlen(value));
+  close(fd);
+  return n < 0 ? -1 : 0;
+}
+
+static int read_file(const char *dir, const char *file, char *buf, size_t len) {
+  char path[PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, len - 1);
+  close(fd);
+  if (n < 0) return -1;
+  buf[n] = 0;
+  return 0;
+}
+
+static int detect(void) {
+  char buf[512];
+  if (mode < 0)
+    mode = read_file(V2_ROOT, "cgroup.controllers", buf, sizeof buf) == 0 &&
+           strstr(buf, "memory") ? 2 : 1;
+  return mode;
+}
+
+/* The directory holding every sandbox's group for controller `which`
+ * (0 memory, 1 pids, 2 cpu); all three are the same under v2. */
+const char *eng_sb_cgroup_base(int which) {
+  static char bases[3][64];
+  if (detect() == 2) return V2_ROOT "/engine";
+  snprintf(bases[which], sizeof bases[which], "/sys/fs/cgroup/%s/engine", v1_names[which]);
+  return bases[which];
+}
+
+static int make_group(char *out, const char *base, const char *id) {
+  if (mkdir(base, 0755) < 0 && errno != EEXIST) return -1;
+  snprintf(out, PATH_MAX, "%s/%s", base, id);
+  return mkdir(out, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Under v2, lets engine/<id> use the controllers (root and engine/). */
+static void v2_delegate(void) {
+  static int done;
+  if (done++) return;
+  write_file(V2_ROOT, "cgroup.subtree_control", "+memory +pids +cpu");
+  write_file(V2_ROOT "/engine", "cgroup.subtree_control", "+memory +pids +cpu");
+}
+
+static int set_limits(sb_cgroup *cg, long long memory, long long pids, double cpus) {
+  char v[64];
+  int v2 = cg->v2;
+  if (memory > 0) {
+    snprintf(v, sizeof v, "%lld", memory);
+    if (write_file(cg->path[0], v2 ? "memory.max" : "memory.limit_in_bytes", v) < 0) return -1;
+    if (v2) write_file(cg->path[0], "memory.swap.max", "0");
+  }
+  snprintf(v, sizeof v, "%lld", pids > 0 ? pids : 4096);
+  if (write_file(cg->path[v2 ? 0 : 1], "pids.max", v) < 0) return -1;
+  if (cpus <= 0) return 0;
+  if (v2) {
+    snprintf(v, sizeof v, "%lld 100000", (long long)(cpus * 100000));
+    return write_file(cg->path[0], "cpu.max", v);
+  }
+  snprintf(v, sizeof v, "%lld", (long long)(cpus * 100000));
+  if (write_file(cg->path[2], "cpu.cfs_period_us", "100000") < 0) return -1;
+  return write_file(cg->path[2], "cpu.cfs_quota_us", v);
+}
+
+int eng_sb_cgroup_create(sb_cgroup *cg, const char *id, long long memory,
+                         long long pids, double cpus, char *err, size_t errlen) {
+  int n = detect() == 2 ? 1 : (cpus > 0 ? 3 : 2);
+  memset(cg, 0, sizeof *cg);
+  cg->v2 = mode == 2;
+  if (cg->v2) {
+    if (mkdir(V2_ROOT "/engine", 0755) < 0 && errno != EEXIST) goto fail;
+    v2_delegate();
+  }
+  for (int i = 0; i < n; i++)
+    if (make_group(cg->path[i], eng_sb_cgroup_base(i), id) < 0) goto fail;
+  if (set_limits(cg, memory, pids, cpus) < 0) goto fail;
+  return 0;
+fail:
+  snprintf(err, errlen, "cannot set up cgroups (%s)", strerror(errno));
+  eng_sb_cgroup_remove(cg);
+  return -1;
+}
+
+int eng_sb_cgroup_add(const sb_cgroup *cg, pid_t pid) {
+  char v[32];
+  snprintf(v, sizeof v, "%d", (int)pid);
+  for (int i = 0; i < 3; i++)
+    if (*cg->path[i] && write_file(cg->path[i], "cgroup.procs", v) < 0) return -1;
+  return 0;
+}
+
+/* Removes what it can; 0 when every group is gone (EBUSY while the
+ * sandbox's last processes are still exiting). */
+int eng_sb_cgroup_remove(sb_cgroup *cg) {
+  int left = 0;
+  for (int i = 0; i < 3; i++) {
+    if (!*cg->path[i]) continue;
+    if (rmdir(cg->path[i]) == 0 || errno == ENOENT) *cg->path[i] = 0;
+    else left++;
+  }
+  return left ? -1 : 0;
+}
+
+static long long field(const char *text, const char *key) {
+  const char *p = strstr(text, key);
+  return p ? atoll(p + strlen(key)) : 0;
+}
+
+long long eng_sb_cgroup_oom_kills(const sb_cgroup *cg) {
+  char buf[1024];
+  if (!*cg->path[0]) return 0;
+  if (read_file(cg->path[0], cg->v2 ? "memory.events" : "memory.oom_control",
+                buf, sizeof buf) < 0)
+    return 0;
+  return field(buf, "oom_kill ");
+}
+
+long long eng_sb_cgroup_memory(const sb_cgroup *cg) {
+  char buf[64];
+  if (!*cg->path[0]) return -1;
+  if (read_file(cg->path[0], cg->v2 ? "memory.current" : "memory.usage_in_bytes",
+                buf, sizeof buf) < 0)
+    return -1;
+  return atoll(buf);
+}

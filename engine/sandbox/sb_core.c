@@ -1,0 +1,748 @@
+/*
+ * sb_core.c: the engine side of a local sandbox, `require "engine.sandbox.core"`.
+ *
+ * create() clones the supervisor into new namespaces (it runs sb_rootfs.c
+ * then sb_super.c, never the Lua state), moves it into its cgroups, and
+ * returns an engine.SandboxCore. Requests go over a SOCK_SEQPACKET socket;
+ * each one is a pending operation of the calling task with a timeout and a
+ * cleanup, answered from the socket's libev watcher. Exit reports for
+ * commands go to the engine.Process objects (proc.h).
+ *
+ * Teardown never blocks: stop() SIGKILLs pid 1 (the kernel then kills the
+ * whole pid namespace, and the mount namespace with all its mounts dies
+ * with its last process), fails what is pending with "closed", and marks
+ * running commands killed. When libev reaps pid 1 the cgroups are removed
+ * (retried on a timer while the kernel finishes) and the state file goes.
+ * An atexit hook finishes the same work synchronously if the engine exits
+ * first.
+ */
+#include "engine.h"
+#include "proc.h"
+#include "sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BOX_MT "engine.SandboxCore"
+
+enum { ST_STARTING, ST_READY, ST_STOPPING, ST_DEAD, ST_CLEAN };
+enum { K_READY, K_START, K_OPEN, K_DONE, K_LIST, K_STAT };
+
+typedef struct sbox sbox;
+
+typedef struct pending {
+  ev_timer timer;
+  sbox *sb;
+  uint32_t seq;
+  int kind;
+  eng_task *task;
+  struct pending *next;
+} pending;
+
+typedef struct cmd {
+  sbox *sb;                 /* NULL once the sandbox is gone */
+  uint32_t seq;
+  pid_t pid;
+  eng_proc *p;
+  int exited;
+  long long oom_base;
+  struct cmd *next;
+} cmd;
+
+struct sbox {
+  char id[64];
+  pid_t pid;
+  int sock, state, has_ud, mem_limit, busy, retries;
+  uint32_t next_seq;
+  ev_io io;
+  ev_child child;
+  ev_timer retry;
+  sb_cgroup cg;
+  pending *pending;
+  cmd *cmds;
+  char state_file[PATH_MAX], work_dir[PATH_MAX + 8];
+  sbox *next;
+};
+
+static sbox *boxes;
+static pid_t engine_pid;
+static sb_config cfg;        /* the child reads its own copy */
+
+static void try_clean(sbox *sb);
+
+/* ---- loop references: a box keeps the loop alive only while busy -------- */
+
+static void busy_add(sbox *sb, int d) {
+  int was = sb->busy > 0;
+  sb->busy += d;
+  if (!was && sb->busy > 0) ev_ref(eng_loop());
+  else if (was && sb->busy <= 0) { sb->busy = 0; ev_unref(eng_loop()); }
+}
+
+/* ---- commands ---------------------------------------------------------- */
+
+static void cmd_exit(cmd *c, int status) {
+  if (c->exited) return;
+  c->exited = 1;
+  if (c->sb) {
+    if (c->sb->mem_limit && eng_sb_cgroup_oom_kills(&c->sb->cg) > c->oom_base)
+      eng_proc_set_oom(c->p);
+    busy_add(c->sb, -1);
+  }
+  eng_proc_exited(c->p, status);
+}
+
+static void cmd_kill(void *ctx, int sig) {
+  cmd *c = ctx;
+  if (!c->sb || c->exited || c->sb->state != ST_READY) return;
+  sb_msg m = {SB_KILL, 0, c->pid, sig, 0};
+  eng_sb_send(c->sb->sock, &m, NULL, 0, NULL, 0);
+}
+
+static void cmd_release(void *ctx) {
+  cmd *c = ctx, **pp;
+  if (c->sb) {
+    for (pp = &c->sb->cmds; *pp && *pp != c; pp = &(*pp)->next) {}
+    if (*pp) *pp = c->next;
+    if (!c->exited) busy_add(c->sb, -1);
+  }
+  free(c);
+}
+
+static const eng_proc_ops cmd_ops = {cmd_kill, cmd_release};
+
+/* ---- pending operations ------------------------------------------------ */
+
+static void op_unlink(pending *op) {
+  pending **pp = &op->sb->pending;
+  while (*pp && *pp != op) pp = &(*pp)->next;
+  if (*pp) *pp = op->next;
+  ev_timer_stop(eng_loop(), &op->timer);
+  busy_add(op->sb, -1);
+}
+
+static void op_cleanup(void *data) {
+  op_unlink(data);
+  free(data);
+}
+
+/* Wakes op's task with the n values already pushed on its thread. */
+static void op_finish(pending *op, int n) {
+  eng_task *t = op->task;
+  op_unlink(op);
+  free(op);
+  eng_task_wake(t, n);
+}
+
+static void op_fail(pending *op, const char *msg) {
+  lua_State *L = eng_task_thread(op->task);
+  op_finish(op, eng_fail(L, msg));
+}
+
+static void timeout_cb(struct ev_loop *l, ev_timer *w, int revents) {
+  (void)l; (void)revents;
+  op_fail((pending *)w, "timeout");
+}
+
+static pending *op_find(sbox *sb, uint32_t seq) {
+  for (pending *op = sb->pending; op; op = op->next) if (op->seq == seq) return op;
+  return NULL;
+}
+
+/* Sends m (seq assigned here) and suspends the task until the reply, the
+ * timeout, or the sandbox's end. K_READY sends nothing (seq 0). */
+static int submit(lua_State *L, sbox *sb, int kind, sb_msg *m,
+                  const char *payload, size_t len, double timeout) {
+  if (kind != K_READY && sb->state != ST_READY) return eng_fail(L, "closed");
+  if (len > SB_MAX_MSG) return eng_fail(L, "request too large");
+  pending *op = calloc(1, sizeof *op);
+  if (!op) return luaL_error(L, "out of memory");
+  op->seq = kind == K_READY ? 0 : ++sb->next_seq;
+  if (kind != K_READY) {
+    m->seq = op->seq;
+    if (eng_sb_send(sb->sock, m, payload, len, NULL, 0) < 0) {
+      free(op);
+      return eng_fail(L, errno == EAGAIN ? "busy" : "closed");
+    }
+  }
+  op->sb = sb;
+  op->kind = kind;
+  op->task = eng_task_current(L);
+  op->next = sb->pending;
+  sb->pending = op;
+  busy_add(sb, 1);
+  ev_timer_init(&op->timer, timeout_cb, timeout > 0 ? timeout : 0, 0);
+  if (timeout > 0) ev_timer_start(eng_loop(), &op->timer);
+  return eng_task_yield(L, op_cleanup, op);
+}
+
+/* ---- replies ------------------------------------------------------------ */
+
+static void close_fds(int *fds, int n) {
+  for (int i = 0; i < n; i++) if (fds[i] >= 0) close(fds[i]);
+}
+
+/* Pushes a listing read from a memfd: names array, types map. [-0,+2,m] */
+static int push_listing(lua_State *L, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) < 0 || st.st_size > (64 << 20)) return eng_fail(L, "listing too large");
+  char *p = malloc((size_t)st.st_size + 1);
+  if (!p) return eng_fail(L, "out of memory");
+  ssize_t n = pread(fd, p, (size_t)st.st_size, 0);
+  lua_newtable(L);
+  lua_newtable(L);
+  for (ssize_t pos = 0, i = 0; pos + 2 < n; i++) {
+    size_t len = strnlen(p + pos + 2, (size_t)(n - pos - 2));
+    lua_pushlstring(L, p + pos + 2, len);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, -4, i + 1);
+    lua_pushlstring(L, p + pos, 1);
+    lua_rawset(L, -3);
+    pos += 2 + (ssize_t)len + 1;
+  }
+  free(p);
+  return 2;
+}
+
+static cmd *start_cmd(sbox *sb, lua_State *L, const sb_msg *m, int *fds) {
+  cmd *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->sb = sb;
+  c->seq = m->seq;
+  c->pid = (pid_t)m->c;
+  c->oom_base = sb->mem_limit ? eng_sb_cgroup_oom_kills(&sb->cg) : 0;
+  c->p = eng_proc_push(L, c->pid, fds[0], fds[1], fds[2], &cmd_ops, c);
+  c->next = sb->cmds;
+  sb->cmds = c;
+  busy_add(sb, 1);
+  return c;
+}
+
+/* Converts a reply into the pending operation's results. */
+static int deliver(pending *op, const sb_msg *m, char *payload, int *fds, int nfds) {
+  lua_State *L = eng_task_thread(op->task);
+  if (m->a < 0 && op->kind != K_READY) { close_fds(fds, nfds); return eng_fail(L, eng_sb_errmsg(-m->a)); }
+  switch (op->kind) {
+  case K_READY:
+    close_fds(fds, nfds);
+    if (m->a < 0) return eng_fail(L, *payload ? payload : eng_sb_errmsg(-m->a));
+    op->sb->state = ST_READY;
+    lua_pushboolean(L, 1);
+    return 1;
+  case K_START:
+    if (nfds != 3) { close_fds(fds, nfds); return eng_fail(L, "bad reply"); }
+    start_cmd(op->sb, L, m, fds);
+    return 1;
+  case K_OPEN:
+    if (nfds != 1) { close_fds(fds, nfds); return eng_fail(L, "bad reply"); }
+    eng_sb_push_file(L, fds[0]);
+    lua_pushinteger(L, m->c);
+    return 2;
+  case K_LIST: {
+    if (nfds != 1) { close_fds(fds, nfds); return eng_fail(L, "bad reply"); }
+    int n = push_listing(L, fds[0]);
+    close(fds[0]);
+    return n;
+  }
+  case K_STAT: {
+    char t = (char)m->a;
+    close_fds(fds, nfds);
+    lua_pushlstring(L, &t, 1);
+    lua_pushinteger(L, m->b);
+    lua_pushinteger(L, m->c);
+    return 3;
+  }
+  default:
+    close_fds(fds, nfds);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+}
+
+static void handle(sbox *sb, const sb_msg *m, char *payload, int *fds, int nfds) {
+  if (m->op == SB_EXIT) {
+    close_fds(fds, nfds);
+    for (cmd *c = sb->cmds; c; c = c->next) if (c->seq == m->seq) cmd_exit(c, m->a);
+    return;
+  }
+  pending *op = op_find(sb, m->seq);
+  if (!op) {                         /* its caller timed out or was cancelled */
+    if (m->op == SB_START && m->a >= 0) {
+      sb_msg k = {SB_KILL, 0, (int32_t)m->c, SIGKILL, 0};
+      eng_sb_send(sb->sock, &k, NULL, 0, NULL, 0);
+    }
+    close_fds(fds, nfds);
+    return;
+  }
+  op_finish(op, deliver(op, m, payload, fds, nfds));
+}
+
+/* The supervisor is gone or going: nothing more will come over the socket. */
+static void lost(sbox *sb) {
+  if (sb->sock >= 0) {
+    ev_ref(eng_loop());
+    ev_io_stop(eng_loop(), &sb->io);
+    close(sb->sock);
+    sb->sock = -1;
+  }
+  if (sb->state < ST_STOPPING) sb->state = ST_STOPPING;
+  while (sb->pending) op_fail(sb->pending, "closed");
+  for (cmd *c = sb->cmds, *next; c; c = next) {
+    next = c->next;
+    cmd_exit(c, SIGKILL);
+    c->sb = NULL;
+  }
+  sb->cmds = NULL;
+}
+
+static void drain(sbox *sb) {
+  static char payload[SB_MAX_MSG + 1];
+  sb_msg m;
+  int fds[3], nfds;
+  while (sb->sock >= 0) {
+    ssize_t n = eng_sb_recv(sb->sock, &m, payload, SB_MAX_MSG, fds, &nfds);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR || errno == EBADMSG)) {
+      if (errno == EBADMSG) continue;
+      return;
+    }
+    if (n <= 0) { lost(sb); return; }
+    payload[n - 1] = 0;
+    handle(sb, &m, payload, fds, nfds);
+  }
+}
+
+static void io_cb(struct ev_loop *l, ev_io *w, int revents) {
+  (void)l; (void)revents;
+  drain((sbox *)((char *)w - offsetof(sbox, io)));
+}
+
+/* ---- teardown ----------------------------------------------------------- */
+
+static void box_free(sbox *sb) {
+  sbox **pp = &boxes;
+  while (*pp && *pp != sb) pp = &(*pp)->next;
+  if (*pp) *pp = sb->next;
+  free(sb);
+}
+
+/* Removes the state file and the overlay work dir once the cgroups are gone. */
+static void finish_files(sbox *sb) {
+  if (*sb->state_file) unlink(sb->state_file);
+  if (*sb->work_dir) {
+    char cmdbuf[PATH_MAX + 32];
+    struct stat st;
+    if (lstat(sb->work_dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+      /* the work dir holds only overlay's empty work/ and index/ dirs */
+      snprintf(cmdbuf, sizeof cmdbuf, "%s/work", sb->work_dir);
+      rmdir(cmdbuf);
+      snprintf(cmdbuf, sizeof cmdbuf, "%s/index", sb->work_dir);
+      rmdir(cmdbuf);
+      rmdir(sb->work_dir);
+    }
+  }
+  *sb->state_file = *sb->work_dir = 0;
+}
+
+static void retry_cb(struct ev_loop *l, ev_timer *w, int revents) {
+  (void)l; (void)revents;
+  try_clean((sbox *)((char *)w - offsetof(sbox, retry)));
+}
+
+static void try_clean(sbox *sb) {
+  if (sb->state == ST_CLEAN) return;
+  if (eng_sb_cgroup_remove(&sb->cg) < 0 && ++sb->retries < 500) {
+    ev_timer_init(&sb->retry, retry_cb, 0.02, 0);
+    ev_timer_start(eng_loop(), &sb->retry);
+    ev_unref(eng_loop());
+    return;
+  }
+  finish_files(sb);
+  sb->state = ST_CLEAN;
+  if (!sb->has_ud) box_free(sb);
+}
+
+static void child_cb(struct ev_loop *l, ev_child *w, int revents) {
+  sbox *sb = (sbox *)((char *)w - offsetof(sbox, child));
+  (void)revents;
+  ev_ref(l);
+  ev_child_stop(l, w);
+  drain(sb);
+  lost(sb);
+  sb->state = ST_DEAD;
+  try_clean(sb);
+}
+
+/* SIGKILLs pid 1 and fails everything pending; never blocks or raises. */
+static void box_stop(sbox *sb) {
+  if (sb->state >= ST_STOPPING) return;
+  kill(sb->pid, SIGKILL);
+  lost(sb);
+}
+
+/* Finishes every teardown synchronously when the engine exits. */
+static void at_exit(void) {
+  if (getpid() != engine_pid) return;
+  for (sbox *sb = boxes; sb; sb = sb->next) {
+    if (sb->state == ST_CLEAN) continue;
+    if (sb->state < ST_DEAD) {
+      kill(sb->pid, SIGKILL);
+      waitpid(sb->pid, NULL, 0);
+    }
+    for (int i = 0; i < 300 && eng_sb_cgroup_remove(&sb->cg) < 0; i++) usleep(10000);
+    finish_files(sb);
+    sb->state = ST_CLEAN;
+  }
+}
+
+/* ---- create -------------------------------------------------------------- */
+
+/* pid 1 of the sandbox: set up, report, serve. Never returns. */
+static int child_main(void *arg) {
+  int *pair = arg, fd;
+  char msg[512] = "";
+  close(pair[0]);
+  fd = dup2(pair[1], 3) < 0 ? pair[1] : 3;
+  close_range(0, 2, 0);
+  close_range(4, ~0U, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  struct pollfd pf = {fd, 0, 0};
+  if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)) _exit(1);  /* engine gone */
+  for (int i = 0; i < 3; i++) if (open("/dev/null", O_RDWR) < 0) _exit(1);
+  int err = eng_sb_setup(&cfg, msg, sizeof msg);
+  sb_msg m = {SB_READY, 0, -err, 0, 0};
+  if (err && !*msg) snprintf(msg, sizeof msg, "sandbox setup failed");
+  eng_sb_send(fd, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
+  if (err) _exit(1);
+  eng_sb_serve(fd);
+}
+
+static void get_str(lua_State *L, int t, const char *k, char *out, size_t len) {
+  lua_getfield(L, t, k);
+  const char *s = lua_tostring(L, -1);
+  snprintf(out, len, "%s", s ? s : "");
+  lua_pop(L, 1);
+}
+
+static double get_num(lua_State *L, int t, const char *k) {
+  lua_getfield(L, t, k);
+  double v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Copies the array t[k] of strings into out (at most max); returns count. */
+static int get_list(lua_State *L, int t, const char *k, char (*out)[PATH_MAX], int max) {
+  int n = 0;
+  lua_getfield(L, t, k);
+  if (lua_istable(L, -1))
+    for (; n < max; n++) {
+      if (lua_rawgeti(L, -1, n + 1) != LUA_TSTRING) { lua_pop(L, 1); break; }
+      snprintf(out[n], PATH_MAX, "%s", lua_tostring(L, -1));
+      lua_pop(L, 1);
+    }
+  lua_pop(L, 1);
+  return n;
+}
+
+static void get_mounts(lua_State *L, int t) {
+  cfg.nmounts = 0;
+  lua_getfield(L, t, "mounts");
+  for (int i = 1; lua_istable(L, -1) && cfg.nmounts < SB_MAX_EXTRA; i++) {
+    if (lua_rawgeti(L, -1, i) != LUA_TTABLE) { lua_pop(L, 1); break; }
+    get_str(L, -1, "src", cfg.mount_src[cfg.nmounts], PATH_MAX);
+    get_str(L, -1, "dst", cfg.mount_dst[cfg.nmounts], PATH_MAX);
+    lua_getfield(L, -1, "readonly");
+    cfg.mount_ro[cfg.nmounts++] = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+  }
+  lua_pop(L, 1);
+}
+
+static void read_config(lua_State *L, int t) {
+  char net[16];
+  get_str(L, t, "id", cfg.id, sizeof cfg.id);
+  get_str(L, t, "mnt", cfg.mnt, sizeof cfg.mnt);
+  get_str(L, t, "upper_dir", cfg.upper_dir, sizeof cfg.upper_dir);
+  get_str(L, t, "workdir", cfg.workdir, sizeof cfg.workdir);
+  get_str(L, t, "network", net, sizeof net);
+  cfg.net_none = strcmp(net, "host") != 0;
+  cfg.disk = (long long)get_num(L, t, "disk");
+  cfg.nlayers = get_list(L, t, "layers", cfg.layers, SB_MAX_LAYERS);
+  cfg.nhide = get_list(L, t, "hide", cfg.hide, SB_MAX_EXTRA);
+  get_mounts(L, t);
+}
+
+static sbox *box_new(lua_State *L, int t, pid_t pid, int sock) {
+  sbox *sb = calloc(1, sizeof *sb);
+  if (!sb) return NULL;
+  snprintf(sb->id, sizeof sb->id, "%s", cfg.id);
+  sb->pid = pid;
+  sb->sock = sock;
+  sb->has_ud = 1;
+  sb->mem_limit = get_num(L, t, "memory") > 0;
+  get_str(L, t, "state_file", sb->state_file, sizeof sb->state_file);
+  if (*cfg.upper_dir) snprintf(sb->work_dir, sizeof sb->work_dir, "%s.work", cfg.upper_dir);
+  ev_io_init(&sb->io, io_cb, sock, EV_READ);
+  ev_io_start(eng_loop(), &sb->io);
+  ev_unref(eng_loop());
+  ev_child_init(&sb->child, child_cb, pid, 0);
+  ev_child_start(eng_loop(), &sb->child);
+  ev_unref(eng_loop());
+  sb->next = boxes;
+  boxes = sb;
+  return sb;
+}
+
+static sbox **push_box(lua_State *L) {
+  sbox **ud = lua_newuserdatauv(L, sizeof(sbox *), 0);
+  *ud = NULL;
+  luaL_setmetatable(L, BOX_MT);
+  return ud;
+}
+
+/* Clones pid 1 into its namespaces. */
+static pid_t spawn_child(int *pair) {
+  static char stack[256 * 1024] __attribute__((aligned(16)));
+  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
+              (cfg.net_none ? CLONE_NEWNET : 0) | SIGCHLD;
+  return clone(child_main, stack + sizeof stack, flags, pair);
+}
+
+/* core.create(config) -> box | nil, err. The box is starting: call
+ * box:wait_ready() before anything else. */
+static int l_create(lua_State *L) {
+  char err[256];
+  int pair[2];
+  sb_cgroup cg;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  read_config(L, 1);
+  if (!(cfg.bpf = eng_sb_seccomp_prog())) return eng_fail(L, "cannot build the seccomp filter");
+  sbox **ud = push_box(L);
+  if (eng_sb_cgroup_create(&cg, cfg.id, (long long)get_num(L, 1, "memory"),
+                           (long long)get_num(L, 1, "pids"), get_num(L, 1, "cpus"),
+                           err, sizeof err) < 0)
+    return eng_fail(L, err);
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
+    eng_sb_cgroup_remove(&cg);
+    return eng_fail(L, "cannot create the supervisor socket");
+  }
+  pid_t pid = spawn_child(pair);
+  close(pair[1]);
+  if (pid < 0) { close(pair[0]); eng_sb_cgroup_remove(&cg); return eng_fail(L, "clone failed"); }
+  if (!(*ud = box_new(L, 1, pid, pair[0]))) {
+    kill(pid, SIGKILL);
+    close(pair[0]);
+    return eng_fail(L, "out of memory");
+  }
+  (*ud)->cg = cg;
+  if (eng_sb_cgroup_add(&cg, pid) < 0) {
+    box_stop(*ud);
+    return eng_fail(L, "cannot join the sandbox cgroups");
+  }
+  return 1;
+}
+
+/* ---- methods ------------------------------------------------------------- */
+
+static sbox *check_box(lua_State *L) {
+  sbox **ud = luaL_checkudata(L, 1, BOX_MT);
+  if (!*ud) luaL_error(L, "attempt to use a sandbox that failed to start");
+  return *ud;
+}
+
+static double opt_timeout(lua_State *L, int idx) {
+  return luaL_optnumber(L, idx, 0);
+}
+
+/* box:wait_ready([timeout]) -> true | nil, err */
+static int m_wait_ready(lua_State *L) {
+  sbox *sb = check_box(L);
+  if (!eng_task_current(L)) return eng_task_block(L, m_wait_ready);
+  if (sb->state == ST_READY) { lua_pushboolean(L, 1); return 1; }
+  if (sb->state != ST_STARTING) return eng_fail(L, "closed");
+  sb_msg m = {0};
+  return submit(L, sb, K_READY, &m, NULL, 0, opt_timeout(L, 2));
+}
+
+/* Appends the strings of the array at idx, then an empty string. */
+static void add_list(lua_State *L, luaL_Buffer *b, int idx) {
+  lua_Integer n = luaL_len(L, idx);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    size_t len;
+    const char *s = lua_tolstring(L, -1, &len);
+    if (!s || memchr(s, 0, len)) luaL_error(L, "argv and env entries must be strings without NUL");
+    lua_pop(L, 1);
+    luaL_addlstring(b, s, len + 1);
+  }
+  luaL_addchar(b, 0);
+}
+
+/* box:start(argv, envlist, cwd, uid, gid [, timeout]) -> Process | nil, err */
+static int m_start(lua_State *L) {
+  sbox *sb = check_box(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  const char *cwd = luaL_checkstring(L, 4);
+  if (!eng_task_current(L)) return eng_task_block(L, m_start);
+  sb_msg m = {SB_START, 0, (int32_t)luaL_optinteger(L, 5, -1),
+              (int32_t)luaL_optinteger(L, 6, -1), 0};
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  add_list(L, &b, 2);
+  add_list(L, &b, 3);
+  luaL_addstring(&b, cwd);
+  luaL_addchar(&b, 0);
+  luaL_pushresult(&b);
+  size_t len;
+  const char *p = lua_tolstring(L, -1, &len);
+  return submit(L, sb, K_START, &m, p, len, opt_timeout(L, 7));
+}
+
+/* A path request: op, a, b, path at index 2, timeout at tidx. */
+static int path_op(lua_State *L, sbox *sb, int op, int kind, int a, int b, int tidx) {
+  size_t len;
+  const char *path = luaL_checklstring(L, 2, &len);
+  if (memchr(path, 0, len) || len == 0) return eng_fail(L, "bad path");
+  sb_msg m = {(uint32_t)op, 0, a, b, 0};
+  return submit(L, sb, kind, &m, path, len + 1, opt_timeout(L, tidx));
+}
+
+/* box:open(path, write, mode | -1 [, timeout]) -> file, size | nil, err */
+static int m_open(lua_State *L) {
+  sbox *sb = check_box(L);
+  if (!eng_task_current(L)) return eng_task_block(L, m_open);
+  int flags = lua_toboolean(L, 3) ? SB_O_WRITE : SB_O_READ;
+  return path_op(L, sb, SB_OPEN, K_OPEN, flags, (int)luaL_optinteger(L, 4, -1), 5);
+}
+
+/* box:mkdir(path, parents, mode [, timeout]) -> true | nil, err */
+static int m_mkdir(lua_State *L) {
+  sbox *sb = check_box(L);
+  if (!eng_task_current(L)) return eng_task_block(L, m_mkdir);
+  return path_op(L, sb, SB_MKDIR, K_DONE, lua_toboolean(L, 3),
+                 (int)luaL_optinteger(L, 4, -1), 5);
+}
+
+/* box:remove(path, recursive [, timeout]) -> true | nil, err */
+static int m_remove(lua_State *L) {
+  sbox *sb = check_box(L);
+  if (!eng_task_current(L)) return eng_task_block(L, m_remove);
+  return path_op(L, sb, SB_REMOVE, K_DONE, lua_toboolean(L, 3), 0, 4);
+}
+
+/* box:list(path [, timeout]) -> names, types | nil, err */
+static int m_list(lua_State *L) {
+  sbox *sb = check_box(L);
+  if (!eng_task_current(L)) return eng_task_block(L, m_list);
+  return path_op(L, sb, SB_LIST, K_LIST, 0, 0, 3);
+}
+
+/* box:stat(path, follow [, timeout]) -> type, mode, size | nil, err */
+static int m_stat(lua_State *L) {
+  sbox *sb = check_box(L);
+  if (!eng_task_current(L)) return eng_task_block(L, m_stat);
+  return path_op(L, sb, SB_STAT, K_STAT, lua_toboolean(L, 3), 0, 4);
+}
+
+/* box:stop(): idempotent, never raises or blocks. */
+static int m_stop(lua_State *L) {
+  sbox **ud = luaL_checkudata(L, 1, BOX_MT);
+  if (*ud) box_stop(*ud);
+  return 0;
+}
+
+static int m_gc(lua_State *L) {
+  sbox **ud = luaL_checkudata(L, 1, BOX_MT);
+  sbox *sb = *ud;
+  *ud = NULL;
+  if (!sb) return 0;
+  box_stop(sb);
+  sb->has_ud = 0;
+  if (sb->state == ST_CLEAN) box_free(sb);
+  return 0;
+}
+
+/* box:alive() -> bool (no round trip) */
+static int m_alive(lua_State *L) {
+  sbox **ud = luaL_checkudata(L, 1, BOX_MT);
+  lua_pushboolean(L, *ud && (*ud)->state <= ST_READY && kill((*ud)->pid, 0) == 0);
+  return 1;
+}
+
+/* box:info() -> {pid, state, cgroups = {...}, memory} */
+static int m_info(lua_State *L) {
+  static const char *names[] = {"starting", "ready", "stopping", "dead", "clean"};
+  sbox *sb = check_box(L);
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, sb->pid);
+  lua_setfield(L, -2, "pid");
+  lua_pushstring(L, names[sb->state]);
+  lua_setfield(L, -2, "state");
+  lua_newtable(L);
+  for (int i = 0, n = 0; i < 3; i++)
+    if (*sb->cg.path[i]) { lua_pushstring(L, sb->cg.path[i]); lua_rawseti(L, -2, ++n); }
+  lua_setfield(L, -2, "cgroups");
+  lua_pushinteger(L, eng_sb_cgroup_memory(&sb->cg));
+  lua_setfield(L, -2, "memory");
+  return 1;
+}
+
+/* core.cgroup_bases() -> {dir, ...}: where every sandbox's groups live. */
+static int l_cgroup_bases(lua_State *L) {
+  lua_newtable(L);
+  for (int i = 0; i < 3; i++) {
+    lua_pushstring(L, eng_sb_cgroup_base(i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* core.live() -> number of sandboxes not yet cleaned up */
+static int l_live(lua_State *L) {
+  int n = 0;
+  for (sbox *sb = boxes; sb; sb = sb->next) n += sb->state != ST_CLEAN;
+  lua_pushinteger(L, n);
+  return 1;
+}
+
+static const luaL_Reg box_methods[] = {
+  {"wait_ready", m_wait_ready}, {"start", m_start}, {"open", m_open},
+  {"mkdir", m_mkdir}, {"remove", m_remove}, {"list", m_list}, {"stat", m_stat},
+  {"stop", m_stop}, {"alive", m_alive}, {"info", m_info}, {NULL, NULL}
+};
+
+static const luaL_Reg core_funcs[] = {
+  {"create", l_create}, {"cgroup_bases", l_cgroup_bases}, {"live", l_live},
+  {NULL, NULL}
+};
+
+int luaopen_engine_sandbox_core(lua_State *L) {
+  if (!engine_pid) {
+    engine_pid = getpid();
+    atexit(at_exit);
+  }
+  if (luaL_newmetatable(L, BOX_MT)) {
+    luaL_newlib(L, box_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, m_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, m_gc);
+    lua_setfield(L, -2, "__close");
+  }
+  lua_pop(L, 1);
+  luaL_newlib(L, core_funcs);
+  eng_sb_files_open(L);
+  return 1;
+}
