@@ -8,6 +8,7 @@ int luaopen_engine_http_core(lua_State *L);
 int luaopen_engine_proc(lua_State *L);
 int luaopen_engine_edit(lua_State *L);
 int luaopen_engine_archive(lua_State *L);
+int luaopen_engine_sandbox_core(lua_State *L);
 
 
 
@@ -17,6 +18,7 @@ static const luaL_Reg modules[] = {
   {"engine.http.core", luaopen_engine_http_core},
   {"engine.edit", luaopen_engine_edit},
   {"engine.archive", luaopen_engine_archive},
+  {"engine.sandbox.core", luaopen_engine_sandbox_core},
 
   {NULL, NULL}
 };
