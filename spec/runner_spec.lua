@@ -196,8 +196,7 @@ describe("engine.runner", function()
     local env = basic_env({ tasks = function() error("cannot read tasks.json") end })
     local code, _, stderr = run(env, { "--out", out })
     assert.equal(1, code)
-    assert.matches("^engine: spec/runner_spec.lua: tasks: .*cannot read tasks.json\n$", stderr)
-    assert.is_nil(next({ select(2, pcall(require("lfs").dir, out)) }) and nil)
+    assert.equal("engine: tasks: spec/runner_spec.lua:196: cannot read tasks.json\n", stderr)
     local n = 0
     for name in require("lfs").dir(out) do if name ~= "." and name ~= ".." then n = n + 1 end end
     assert.equal(0, n)
@@ -387,6 +386,56 @@ describe("engine.runner", function()
     local code, _, stderr = run(basic_env({ name = "other" }), { "--resume", dir })
     assert.equal(2, code)
     assert.matches("is a run of env 'fake', not 'other'", stderr, 1, true)
+  end)
+end)
+
+describe("engine run with bad input", function()
+  local engine_bin = proc.run("readlink /proc/$PPID/exe").stdout:gsub("%s+$", "")
+  local out
+  before_each(function() out = tmpdir() end)
+  after_each(function() os.execute("rm -rf '" .. out .. "'") end)
+
+  -- Runs `engine run FILE --out OUT` -> exit code, stderr; checks that
+  -- stderr is one line and that no run directory was made.
+  local function bad(file)
+    local r = proc.run({ engine_bin, "run", file, "--out", out }, { timeout = 60 })
+    assert.equal("", r.stdout)
+    assert.equal(1, select(2, r.stderr:gsub("\n", "")))
+    assert.is_nil(require("lfs").attributes(out .. "/x"))
+    local n = 0
+    for name in require("lfs").dir(out) do if name ~= "." and name ~= ".." then n = n + 1 end end
+    assert.equal(0, n)
+    return r.code, r.stderr
+  end
+
+  it("a missing env file", function()
+    local code, err = bad("spec/fixtures/envs/does_not_exist.lua")
+    assert.equal(1, code)
+    assert.matches("cannot open spec/fixtures/envs/does_not_exist.lua", err, 1, true)
+  end)
+
+  it("a syntax error, with file:line", function()
+    local code, err = bad("spec/fixtures/envs/syntax_error.lua")
+    assert.equal(1, code)
+    assert.matches("^engine: spec/fixtures/envs/syntax_error.lua:4: ", err)
+  end)
+
+  it("an env without score", function()
+    local code, err = bad("spec/fixtures/envs/no_score.lua")
+    assert.equal(1, code)
+    assert.equal("engine: spec/fixtures/envs/no_score.lua: env 'no_score' has no score function\n", err)
+  end)
+
+  it("a task generator that raises", function()
+    local code, err = bad("spec/fixtures/envs/tasks_raise.lua")
+    assert.equal(1, code)
+    assert.equal("engine: tasks: spec/fixtures/envs/tasks_raise.lua:5: cannot read the task list\n", err)
+  end)
+
+  it("an unknown flag exits 2", function()
+    local r = proc.run({ engine_bin, "run", "spec/fixtures/envs/tasks_raise.lua", "--frobnicate" }, { timeout = 60 })
+    assert.equal(2, r.code)
+    assert.equal("engine: run: unknown flag --frobnicate (see --help)\n", r.stderr)
   end)
 end)
 

@@ -130,14 +130,31 @@ end
 
 M.runner_flags = normalize_options(M.FLAGS, "engine")
 
--- The first Lua caller at or above `level` (skipping pcall and friends).
-local function source_of(level)
-  while true do
-    local info = debug.getinfo(level, "S")
-    if not info then return "?" end
-    if info.what ~= "C" then return info.short_src end
-    level = level + 1
+-- Where an env is being defined: the file being loaded (M.loading, set by
+-- loaders such as engine.play), else the calling Lua file when define was
+-- not tail-called, else the source of one of the spec's functions, else
+-- the script `engine run` is running (arg[0]).
+local function source_of(spec)
+  if M.loading then return M.loading end
+  if not debug.getinfo(2, "t").istailcall then
+    local level = 3
+    while true do
+      local info = debug.getinfo(level, "S")
+      if not info then break end
+      if info.what ~= "C" then return info.short_src end
+      level = level + 1
+    end
   end
+  if type(spec) == "table" then
+    for _, v in pairs(spec) do
+      if type(v) == "function" then
+        local info = debug.getinfo(v, "S")
+        if info.what == "Lua" then return info.short_src end
+      end
+    end
+  end
+  local a = rawget(_G, "arg")
+  return type(a) == "table" and type(a[0]) == "string" and a[0] or "?"
 end
 
 local FUNCS = { "setup", "run", "score", "solve", "cleanup", "pool_key" }
@@ -145,7 +162,7 @@ local FUNCS = { "setup", "run", "score", "solve", "cleanup", "pool_key" }
 -- env.define(spec) -> env: checks the spec and returns it marked is_env.
 -- Raises a one-line error naming the file for a malformed env.
 function M.define(spec)
-  local where = source_of(3)
+  local where = source_of(spec)
   if type(spec) ~= "table" then error(M.error(where .. ": env.define expects a table"), 0) end
   local name = spec.name or where:match("([^/]+)%.lua$") or "env"
   local at = where .. ": env '" .. tostring(name) .. "'"

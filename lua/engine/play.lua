@@ -35,7 +35,9 @@ local function fail(msg) error(envlib.error(msg), 0) end
 local function load_env(path)
   local chunk, err = loadfile(path)
   if not chunk then fail(err) end
+  envlib.loading = path
   local ok, env_table = pcall(chunk)
+  envlib.loading = nil
   if not ok then fail(R.first_line(env_table)) end
   if type(env_table) ~= "table" or not env_table.is_env then
     fail(path .. ": not an environment (it must return env.define{...})")
@@ -49,7 +51,7 @@ local function find_task(env_table, config, name)
   local ids = {}
   while true do
     local ok, t = pcall(iter)
-    if not ok then fail(env_table.source .. ": tasks: " .. R.first_line(t)) end
+    if not ok then error(R.tasks_error(env_table, t), 0) end
     if t == nil then break end
     if type(t) == "table" and t.id ~= nil then
       if name == nil or tostring(t.id) == name then t.id = tostring(t.id); return t end

@@ -102,11 +102,18 @@ end
 
 -- Calls the env's tasks and returns an iterator of tasks, and the count when
 -- known. Raises a one-line env error.
+-- "tasks: MSG", naming the env file unless MSG carries its own file:line.
+local function tasks_error(env_table, e)
+  local msg = first_line(e)
+  if msg:match("^[^%s:]+:%d+: ") then return envlib.error("tasks: " .. msg) end
+  return envlib.error(env_table.source .. ": tasks: " .. msg)
+end
+
 local function task_iterator(env_table, config)
   local src = env_table.tasks
   if type(src) == "function" then
     local ok, res = pcall(src, config)
-    if not ok then error(envlib.error(env_table.source .. ": tasks: " .. first_line(res)), 0) end
+    if not ok then error(tasks_error(env_table, res), 0) end
     src = res
   end
   if type(src) == "table" then
@@ -135,7 +142,7 @@ local function item_source(st)
     while true do
       if limit and taken >= limit then return nil end
       local ok, t = pcall(iter)
-      if not ok then error(envlib.error(st.env.source .. ": tasks: " .. first_line(t)), 0) end
+      if not ok then error(tasks_error(st.env, t), 0) end
       if t == nil then return nil end
       index = index + 1
       if type(t) ~= "table" then error(envlib.error(st.env.source .. ": task #" .. index .. " is not a table"), 0) end
@@ -798,7 +805,7 @@ end
 
 -- What engine.play shares with the runner: one episode's building blocks.
 M.internal = {
-  task_iterator = task_iterator, provision = provision, release = release,
+  tasks_error = tasks_error, task_iterator = task_iterator, provision = provision, release = release,
   new_ctx = new_ctx, new_run_id = new_run_id, first_line = first_line, file_hash = file_hash,
 }
 
