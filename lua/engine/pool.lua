@@ -269,7 +269,7 @@ end
 function Pool:_unkeepable(e, slot, why)
   if why then return why end
   if self.closed then return "closed" end
-  if slot.discard then return "discarded" end
+  if slot.discard then return slot.discard end
   if e.stopped or not is_alive(e.sb) then return "dead" end
 end
 
@@ -287,14 +287,24 @@ function Pool:_release(lease, why)
   self:_drop_slot(lease.key)
 end
 
--- p:discard(key): stops the key's idle box now, or its leased box as soon as
--- the lease ends. Idempotent; unknown keys are fine.
-function Pool:discard(key)
+-- p:discard(key[, reason]): stops the key's idle box now, or its leased box
+-- as soon as the lease ends; the key's next lease reports `reason` (default
+-- "discarded") as lease.reason. Idempotent; unknown keys are fine.
+function Pool:discard(key, reason)
+  if reason ~= nil and type(reason) ~= "string" then error("pool:discard: reason must be a string", 2) end
+  reason = reason or "discarded"
   local e = self:_unpark(key)
-  if e then self:_stop(e, "discarded") end
+  if e then self:_stop(e, reason) end
   local s = self.slots[key]
-  if s and s.lease then s.discard = true end
+  if s and s.lease then s.discard = reason end
   self:_drop_slot(key)
+end
+
+-- p:leased(key) -> the key's live lease, or nil. Lets code that did not take
+-- the lease (an env under the runner) see lease.borrowed and lease.reason.
+function Pool:leased(key)
+  local s = self.slots[key]
+  return s and s.lease or nil
 end
 
 -- p:retire_idle() -> n: stops every idle box at once; live leases keep theirs.
