@@ -30,6 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
@@ -57,6 +60,17 @@ static int fail_errno(lua_State *L, const char *what) {
   lua_pushfstring(L, "%s: %s", what, strerror(errno));
   return 2;
 }
+
+/* One slow piece of disk work (extract, copy, digest), run in a forked
+ * child when called inside a task so the loop keeps serving other tasks. */
+enum { JOB_EXTRACT, JOB_COPY, JOB_DIGEST };
+
+typedef struct job {
+  int kind, failed, whiteouts;
+  int64_t uid, gid;
+  char src[PATH_MAX], dest[PATH_MAX];
+  char out[PATH_MAX + 128];  /* the result (count, hex) or the error */
+} job;
 
 /* ---- sha256 through the mtree writer ------------------------------------ */
 
@@ -128,23 +142,18 @@ static int hash_fd(hasher *h, int fd, int64_t size) {
   return size > 0 ? (errno = EIO, -1) : 0;
 }
 
-/* archive.digest_file(path) -> hex sha256 of the file's contents */
-static int l_digest_file(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+/* Digests j->src into j->out. Returns 0 or -1 with the error in j->out. */
+static int do_digest(job *j) {
   struct stat st;
   hasher h;
-  char hex[65];
-  int fd = open(path, O_RDONLY | O_CLOEXEC), rc;
-  if (fd < 0) return fail_errno(L, path);
-  if (fstat(fd, &st) < 0 || hasher_begin(&h, st.st_size) < 0) {
-    close(fd);
-    return fail_errno(L, path);
+  int fd = open(j->src, O_RDONLY | O_CLOEXEC), rc = -1;
+  if (fd >= 0 && fstat(fd, &st) == 0 && hasher_begin(&h, st.st_size) == 0) {
+    rc = hash_fd(&h, fd, st.st_size);
+    if (hasher_end(&h, j->out) < 0) rc = -1;
   }
-  rc = hash_fd(&h, fd, st.st_size);
-  close(fd);
-  if (hasher_end(&h, hex) < 0 || rc < 0) return fail_errno(L, path);
-  lua_pushstring(L, hex);
-  return 1;
+  if (fd >= 0) close(fd);
+  if (rc < 0) snprintf(j->out, sizeof j->out, "%s: %s", j->src, strerror(errno ? errno : EIO));
+  return rc;
 }
 
 /* ---- applying tar layers ------------------------------------------------ */
@@ -328,35 +337,32 @@ static int opt_bool(lua_State *L, int t, const char *k) {
   return v;
 }
 
-/* archive.extract(tarfile, dest_dir, {whiteouts=, uid=, gid=}) -> entries
- * Applies every entry under dest_dir (which must exist). Fails with
- * "not an archive" when the file is no tar (plain or compressed). */
-static int l_extract(lua_State *L) {
-  const char *file = luaL_checkstring(L, 1);
+/* Applies the tar j->src under j->dest; the entry count goes to j->out.
+ * Fails with "not an archive" when the file is no tar (even compressed). */
+static int do_extract(job *j) {
   char dest[PATH_MAX];
-  extract_opts o = {dest, opt_bool(L, 3, "whiteouts"),
-                    opt_int(L, 3, "uid", -1), opt_int(L, 3, "gid", -1), 0};
+  extract_opts o = {dest, j->whiteouts, j->uid, j->gid, 0};
   struct archive *in;
   const char *err;
-  if (o.uid >= 0 && o.gid < 0) o.gid = o.uid;
-  if (!realpath(luaL_checkstring(L, 2), dest)) return fail_errno(L, lua_tostring(L, 2));
+  if (!realpath(j->dest, dest)) {
+    snprintf(j->out, sizeof j->out, "%s: %s", j->dest, strerror(errno));
+    return -1;
+  }
   in = archive_read_new();
   archive_read_support_filter_all(in);
   archive_read_support_format_tar(in);
-  if (archive_read_open_filename(in, file, 65536) != ARCHIVE_OK) {
-    int err = archive_errno(in);   /* libarchive's "file format" is EILSEQ */
+  if (archive_read_open_filename(in, j->src, 65536) != ARCHIVE_OK) {
+    int e = archive_errno(in);   /* libarchive's "file format" is EILSEQ */
     archive_read_free(in);
-    if (err == EILSEQ) return eng_fail(L, "not an archive");
-    errno = err;
-    lua_pushnil(L);
-    lua_pushfstring(L, "%s: %s", file, strerror(errno));
-    return 2;
+    if (e == EILSEQ) snprintf(j->out, sizeof j->out, "not an archive");
+    else snprintf(j->out, sizeof j->out, "%s: %s", j->src, strerror(e));
+    return -1;
   }
   err = extract_all(&o, in);
   archive_read_free(in);
-  if (err) return eng_fail(L, err);
-  lua_pushinteger(L, o.count);
-  return 1;
+  if (err) snprintf(j->out, sizeof j->out, "%s", err);
+  else snprintf(j->out, sizeof j->out, "%d", o.count);
+  return err ? -1 : 0;
 }
 
 /* ---- copying trees ------------------------------------------------------ */
@@ -394,36 +400,161 @@ static const char *copy_entries(struct archive *rd, const char *src, const char 
   return err;
 }
 
+/* Copies the file, symlink or tree j->src to the path j->dest. */
+static int do_copy(job *j) {
+  struct archive *rd = archive_read_disk_new();
+  const char *err;
+  archive_read_disk_set_symlink_physical(rd);
+  archive_read_disk_set_behavior(rd, ARCHIVE_READDISK_NO_TRAVERSE_MOUNTS);
+  if (archive_read_disk_open(rd, j->src) != ARCHIVE_OK) {
+    snprintf(j->out, sizeof j->out, "%s: %s", j->src, archive_error_string(rd));
+    archive_read_free(rd);
+    return -1;
+  }
+  err = copy_entries(rd, j->src, j->dest, j->uid, j->gid);
+  if (err) snprintf(j->out, sizeof j->out, "%s", err);
+  archive_read_free(rd);
+  return err ? -1 : 0;
+}
+
+/* ---- jobs: forked workers ----------------------------------------------- */
+
+typedef struct job_op {
+  ev_child w;
+  eng_task *task;
+  int fd;                    /* read end of the child's result pipe */
+  job j;
+} job_op;
+
+static void job_run(job *j) {
+  errno = 0;
+  if (j->kind == JOB_EXTRACT) j->failed = do_extract(j) < 0;
+  else if (j->kind == JOB_COPY) j->failed = do_copy(j) < 0;
+  else j->failed = do_digest(j) < 0;
+}
+
+/* Pushes a job's results as its Lua function returns them. [-0, +1|2, m] */
+static int job_push(lua_State *L, const job *j) {
+  if (j->failed) return eng_fail(L, j->out);
+  if (j->kind == JOB_EXTRACT) lua_pushinteger(L, strtoll(j->out, NULL, 10));
+  else if (j->kind == JOB_COPY) lua_pushboolean(L, 1);
+  else lua_pushstring(L, j->out);
+  return 1;
+}
+
+/* The child finished: read its report, resume the task with the results. */
+static void job_cb(struct ev_loop *l, ev_child *w, int revents) {
+  job_op *op = (job_op *)w;
+  char buf[sizeof op->j.out + 1];
+  ssize_t n = read(op->fd, buf, sizeof buf - 1);
+  (void)revents;
+  ev_child_stop(l, w);
+  close(op->fd);
+  if (n < 1 || !WIFEXITED(w->rstatus)) {
+    op->j.failed = 1;
+    snprintf(op->j.out, sizeof op->j.out, "worker process died");
+  } else {
+    buf[n] = 0;
+    op->j.failed = buf[0] != 'o';
+    snprintf(op->j.out, sizeof op->j.out, "%s", buf + 1);
+  }
+  eng_task_wake(op->task, job_push(eng_task_thread(op->task), &op->j));
+  free(op);
+}
+
+/* Cancelled: kill the worker; libev reaps it. */
+static void job_cleanup(void *data) {
+  job_op *op = data;
+  kill(op->w.pid, SIGKILL);
+  ev_child_stop(eng_loop(), &op->w);
+  close(op->fd);
+  free(op);
+}
+
+/* In the child: do the work, report "o<result>" or "e<error>", exit. */
+static void job_child(job_op *op, int fd) {
+  size_t n;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  job_run(&op->j);
+  n = strlen(op->j.out);
+  memmove(op->j.out + 1, op->j.out, n < sizeof op->j.out - 1 ? n + 1 : sizeof op->j.out - 1);
+  op->j.out[0] = op->j.failed ? 'e' : 'o';
+  if (write(fd, op->j.out, strlen(op->j.out)) < 0) _exit(1);
+  _exit(0);
+}
+
+/* Runs the job in place outside a task, else in a forked child while the
+ * task waits (cancel kills the child). Takes ownership of op. */
+static int job_start(lua_State *L, job_op *op) {
+  eng_task *t = eng_task_current(L);
+  int p[2], n;
+  pid_t pid;
+  if (!t || pipe2(p, O_CLOEXEC) < 0) {
+    job_run(&op->j);
+    n = job_push(L, &op->j);
+    free(op);
+    return n;
+  }
+  pid = fork();
+  if (pid == 0) { close(p[0]); job_child(op, p[1]); }
+  close(p[1]);
+  if (pid < 0) { close(p[0]); free(op); return fail_errno(L, "fork"); }
+  op->task = t;
+  op->fd = p[0];
+  ev_child_init(&op->w, job_cb, pid, 0);
+  ev_child_start(eng_loop(), &op->w);
+  return eng_task_yield(L, job_cleanup, op);
+}
+
+/* A zeroed job of kind with src (trailing slashes dropped) and dest. */
+static job_op *job_new(lua_State *L, int kind, const char *src, const char *dest) {
+  job_op *op = calloc(1, sizeof *op);
+  size_t n;
+  if (!op) luaL_error(L, "out of memory");
+  op->j.kind = kind;
+  op->j.uid = op->j.gid = -1;
+  snprintf(op->j.src, sizeof op->j.src, "%s", src);
+  snprintf(op->j.dest, sizeof op->j.dest, "%s", dest ? dest : "");
+  n = strlen(op->j.src);
+  while (n > 1 && op->j.src[n - 1] == '/') op->j.src[--n] = 0;
+  return op;
+}
+
+/* Reads {uid=, gid=} (gid defaults to uid) into the job. */
+static void job_owner(lua_State *L, int t, job *j) {
+  j->uid = opt_int(L, t, "uid", -1);
+  j->gid = opt_int(L, t, "gid", -1);
+  if (j->uid >= 0 && j->gid < 0) j->gid = j->uid;
+}
+
+/* archive.extract(tarfile, dest_dir, {whiteouts=, uid=, gid=}) -> entries
+ * Applies every entry under dest_dir (which must exist). Fails with
+ * "not an archive" when the file is no tar (plain or compressed). */
+static int l_extract(lua_State *L) {
+  job_op *op;
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  op = job_new(L, JOB_EXTRACT, lua_tostring(L, 1), lua_tostring(L, 2));
+  op->j.whiteouts = opt_bool(L, 3, "whiteouts");
+  job_owner(L, 3, &op->j);
+  return job_start(L, op);
+}
+
 /* archive.copy(src, dest, {uid=, gid=}) -> true
  * Copies a file, symlink or tree at src to the path dest (src's contents
  * land at dest itself). Owners become uid/gid when given. */
 static int l_copy(lua_State *L) {
-  char src[PATH_MAX];
-  const char *dest = luaL_checkstring(L, 2);
-  int64_t uid = opt_int(L, 3, "uid", -1), gid = opt_int(L, 3, "gid", -1);
-  size_t n;
-  struct archive *rd;
-  const char *err;
-  luaL_checklstring(L, 1, &n);
-  if (n >= sizeof src) return eng_fail(L, "path too long");
-  memcpy(src, lua_tostring(L, 1), n + 1);
-  while (n > 1 && src[n - 1] == '/') src[--n] = 0;
-  if (uid >= 0 && gid < 0) gid = uid;
-  rd = archive_read_disk_new();
-  archive_read_disk_set_symlink_physical(rd);
-  archive_read_disk_set_behavior(rd, ARCHIVE_READDISK_NO_TRAVERSE_MOUNTS);
-  if (archive_read_disk_open(rd, src) != ARCHIVE_OK) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "%s: %s", src, archive_error_string(rd));
-    archive_read_free(rd);
-    return 2;
-  }
-  err = copy_entries(rd, src, dest, uid, gid);
-  if (err) lua_pushstring(L, err);
-  archive_read_free(rd);
-  if (err) { lua_pushnil(L); lua_insert(L, -2); return 2; }
-  lua_pushboolean(L, 1);
-  return 1;
+  job_op *op;
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  op = job_new(L, JOB_COPY, lua_tostring(L, 1), lua_tostring(L, 2));
+  job_owner(L, 3, &op->j);
+  return job_start(L, op);
+}
+
+/* archive.digest_file(path) -> hex sha256 of the file's contents */
+static int l_digest_file(lua_State *L) {
+  return job_start(L, job_new(L, JOB_DIGEST, luaL_checkstring(L, 1), NULL));
 }
 
 /* ---- small POSIX helpers ------------------------------------------------ */
@@ -571,21 +702,13 @@ static int l_xattr(lua_State *L) {
   return 1;
 }
 
-/* archive.set_xattr(path, name, value) -> true */
-static int l_set_xattr(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
-  size_t n;
-  const char *v = luaL_checklstring(L, 3, &n);
-  if (lsetxattr(path, name, v, n, 0) < 0) return fail_errno(L, path);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* archive.whiteout(path) -> true: the overlayfs whiteout (char dev 0:0) */
-static int l_whiteout(lua_State *L) {
+/* archive.readlink(path) -> the symlink's target */
+static int l_readlink(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
-  if (mknod(path, S_IFCHR | 0, makedev(0, 0)) < 0) return fail_errno(L, path);
-  lua_pushboolean(L, 1);
+  char buf[PATH_MAX];
+  ssize_t n = readlink(path, buf, sizeof buf);
+  if (n < 0) return fail_errno(L, path);
+  lua_pushlstring(L, buf, (size_t)n);
   return 1;
 }
 
@@ -652,8 +775,8 @@ static const luaL_Reg funcs[] = {
   {"sha256", l_sha256}, {"digest_file", l_digest_file}, {"extract", l_extract},
   {"copy", l_copy}, {"stat", l_stat}, {"list", l_list}, {"mkdir", l_mkdir},
   {"chown", l_chown}, {"chmod", l_chmod}, {"remove", l_remove}, {"du", l_du},
-  {"xattr", l_xattr}, {"set_xattr", l_set_xattr}, {"whiteout", l_whiteout},
-  {"mkdtemp", l_mkdtemp}, {"realpath", l_realpath}, {"try_lock", l_try_lock},
+  {"xattr", l_xattr},
+  {"mkdtemp", l_mkdtemp}, {"realpath", l_realpath}, {"readlink", l_readlink}, {"try_lock", l_try_lock},
   {NULL, NULL}
 };
 

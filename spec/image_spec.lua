@@ -134,6 +134,29 @@ describe("engine.archive", function()
     assert.is_nil(archive.stat(tmp .. "/escaped"))
   end)
 
+  it("works in a child process while the loop keeps running, and cancels cleanly", function()
+    sh("truncate -s 200M " .. tmp .. "/big")
+    local ticks = 0
+    local ticker = engine.spawn(function() while true do engine.sleep(0.005) ticks = ticks + 1 end end)
+    local hex = assert(archive.digest_file(tmp .. "/big"))
+    assert.equal(64, #hex)
+    assert.is_true(ticks > 0, "the loop was blocked")
+    local worker = engine.spawn(function() return archive.digest_file(tmp .. "/big") end)
+    engine.sleep(0.02)
+    worker:cancel()
+    local ok, err = worker:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    ticker:cancel()
+    ticker:join()
+    engine.sleep(0.1)
+    local children = ""
+    for _, t in ipairs(archive.list("/proc/self/task")) do
+      children = children .. (read("/proc/self/task/" .. t .. "/children") or "")
+    end
+    assert.equal("", children:gsub("%s", ""))
+  end)
+
   it("locks with flock: exclusive even inside one process, released by close", function()
     local a = assert(archive.try_lock(tmp .. "/k.lock"))
     assert.same({ nil, "busy" }, { archive.try_lock(tmp .. "/k.lock") })
