@@ -483,13 +483,20 @@ static void job_child(job_op *op, int fd) {
   _exit(0);
 }
 
-/* Runs the job in place outside a task, else in a forked child while the
- * task waits (cancel kills the child). Takes ownership of op. */
+/* True when src is a regular file small enough to handle in place: a
+ * fork costs about a millisecond, more than reading a few megabytes. */
+static int job_small(const job *j) {
+  struct stat st;
+  return lstat(j->src, &st) == 0 && !S_ISDIR(st.st_mode) && st.st_size < (4 << 20);
+}
+
+/* Runs the job in place outside a task or when small, else in a forked
+ * child while the task waits (cancel kills the child). Owns op. */
 static int job_start(lua_State *L, job_op *op) {
   eng_task *t = eng_task_current(L);
   int p[2], n;
   pid_t pid;
-  if (!t || pipe2(p, O_CLOEXEC) < 0) {
+  if (!t || (op->j.kind != JOB_EXTRACT && job_small(&op->j)) || pipe2(p, O_CLOEXEC) < 0) {
     job_run(&op->j);
     n = job_push(L, &op->j);
     free(op);

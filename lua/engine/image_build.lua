@@ -337,11 +337,16 @@ end
 -- Copies one context path src (stat st) to image path dest in layer fs.
 function Build:place(ins, fs, src, st, dest, into_dir, o)
   if st.type == "dir" then
+    -- the contents land in dest; dest itself keeps what ensure_dir gives it
+    local existed = archive.stat(fs .. dest)
     assert(self:ensure_dir(fs, dest, o.uid, o.gid))
-    for _, n in ipairs(archive.list(src) or {}) do
-      local ok, err = archive.copy(src .. "/" .. n, fs .. dest .. "/" .. n, o)
-      if not ok then self:fail(ins, "%s: %s", ins.cmd, err) end
-      if o.chmod then chmod_tree(fs .. dest .. "/" .. n, o.chmod) end
+    local keep = assert(archive.stat(fs .. dest))
+    local ok, err = archive.copy(src, fs .. dest, o)
+    if not ok then self:fail(ins, "%s: %s", ins.cmd, err) end
+    if o.chmod then chmod_tree(fs .. dest, o.chmod) end
+    if existed or not o.chmod then
+      archive.chmod(fs .. dest, keep.mode)
+      archive.chown(fs .. dest, keep.uid, keep.gid)
     end
     return
   end
