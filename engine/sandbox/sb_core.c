@@ -717,6 +717,12 @@ static int l_live(lua_State *L) {
   return 1;
 }
 
+/* core.getpid() -> the engine's pid (owner of its sandboxes) */
+static int l_getpid(lua_State *L) {
+  lua_pushinteger(L, getpid());
+  return 1;
+}
+
 static const luaL_Reg box_methods[] = {
   {"wait_ready", m_wait_ready}, {"start", m_start}, {"open", m_open},
   {"mkdir", m_mkdir}, {"remove", m_remove}, {"list", m_list}, {"stat", m_stat},
@@ -725,7 +731,7 @@ static const luaL_Reg box_methods[] = {
 
 static const luaL_Reg core_funcs[] = {
   {"create", l_create}, {"cgroup_bases", l_cgroup_bases}, {"live", l_live},
-  {NULL, NULL}
+  {"getpid", l_getpid}, {NULL, NULL}
 };
 
 int luaopen_engine_sandbox_core(lua_State *L) {
