@@ -147,8 +147,8 @@ function Play:_sh(cmd, o)
     return self.ctx.sandbox:exec(cmd, { timeout = (o and o.timeout) or self.config.command_timeout or 600 })
   end)
   if type(r) ~= "table" then self.out("error: " .. tostring(r)); return end
-  if r.stdout and r.stdout ~= "" then io.stdout:write(r.stdout, r.stdout:sub(-1) == "\n" and "" or "\n") end
-  if r.stderr and r.stderr ~= "" then io.stdout:write(r.stderr, r.stderr:sub(-1) == "\n" and "" or "\n") end
+  if r.stdout and r.stdout ~= "" then self.out((r.stdout:gsub("\n$", ""))) end
+  if r.stderr and r.stderr ~= "" then self.out((r.stderr:gsub("\n$", ""))) end
   self.out(string.format("[exit %s%s]", tostring(r.code), r.timed_out and ", timed out" or ""))
 end
 

@@ -164,6 +164,11 @@ function M.format(s, header)
     add("sandboxes    created ", string.format("%d", sb.created or 0), ", reused ", string.format("%d", sb.reused or 0),
       ", sandbox-seconds ", fmt_num(sb.seconds or 0, 1))
   end
+  local mu = s.model_usage
+  if type(mu) == "table" and (mu.calls or 0) > 0 then
+    add(string.format("model        %d calls, %d tokens in, %d out%s", mu.calls or 0, mu.input_tokens or 0,
+      mu.output_tokens or 0, (mu.cost or 0) > 0 and string.format(", $%.4f", mu.cost) or ""))
+  end
   if s.wall then
     add("wall         ", fmt_dur(s.wall), s.wall > 0 and string.format(" (%.1f episodes/s)", (s.run_episodes or s.episodes) / s.wall) or "")
   end

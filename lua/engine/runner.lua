@@ -797,6 +797,10 @@ function M.execute(env_table, env_path, args, config, agent)
   if not jok then st.fatal = st.fatal or jerr end
   local status, summary = finish_run(st)
   if st.pool_final then summary.pool = st.pool_final end
+  if type(agent.usage) == "function" then
+    local uok, u = pcall(agent.usage, agent)
+    if uok and type(u) == "table" then summary.model_usage = u end
+  end
   print_summary(st, summary)
   if st.fatal then say(first_line(st.fatal)); return 1 end
   if status == "interrupted" then return 128 + (engine.signal() or 2) end
