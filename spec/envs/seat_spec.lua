@@ -1,0 +1,240 @@
+local engine = require "engine"
+local runner = require "engine.runner"
+local trace = require "engine.trace"
+local json = require "engine.json"
+local sync = require "engine.sync"
+local proc = require "engine.proc"
+
+local ENV_PATH = engine.root .. "/envs/seat.lua"
+
+-- DEV stand-in provider: a temp dir bound at /seat under bwrap.
+local function dev_provider(boxes)
+  local Sb = {}
+  Sb.__index = Sb
+  local n = 0
+  function Sb:exec(cmd)
+    assert(not self.stopped, "closed")
+    return proc.run({ "bwrap", "--dev-bind", "/", "/", "--bind", self.dir, "/seat", "--chdir", "/seat", "sh", "-c", cmd })
+  end
+  function Sb:read(p)
+    local f = io.open(self.dir .. p:gsub("^/seat", ""))
+    if not f then return nil, "no such file" end
+    local d = f:read("a"); f:close(); return d
+  end
+  function Sb:alive() return not self.stopped end
+  function Sb:stop() if not self.stopped then self.stopped = true; os.execute("rm -rf " .. self.dir) end end
+  function Sb:borrow()
+    if type(self.spec.network) == "table" then return self.lock:guard() end
+    return setmetatable({}, { __close = function() end })
+  end
+  return { new = function(spec)
+    n = n + 1
+    local d = os.tmpname(); os.remove(d); os.execute("mkdir -p " .. d)
+    local sb = setmetatable({ id = "dev-" .. n, dir = d, spec = spec, lock = sync.mutex(), info = { spec = spec } }, Sb)
+    boxes[#boxes + 1] = sb
+    return sb
+  end }
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(trace.mkdirs(d))
+  return d
+end
+
+local function sink()
+  local buf = {}
+  return { write = function(self, ...) for _, s in ipairs({ ... }) do buf[#buf + 1] = tostring(s) end return self end,
+    flush = function() end, text = function() return table.concat(buf) end, setvbuf = function() end }
+end
+
+-- Loads envs/seat.lua afresh and runs it -> code, stdout, stderr, run dir.
+local function run_seat(out, args)
+  local env_table = assert(loadfile(ENV_PATH))()
+  local so, se = io.stdout, io.stderr
+  local o, e = sink(), sink()
+  io.stdout, io.stderr = o, e
+  local argv = { "--out", out, "-q" }
+  for _, a in ipairs(args) do argv[#argv + 1] = a end
+  local ok, code = pcall(runner.main, env_table, ENV_PATH, argv)
+  io.stdout, io.stderr = so, se
+  if not ok then error(code, 0) end
+  local dir
+  if require("lfs").attributes(out, "mode") then
+    for name in require("lfs").dir(out) do
+      if name ~= "." and name ~= ".." then dir = out .. "/" .. name end
+    end
+  end
+  return code, o.text(), e.text(), dir
+end
+
+-- The events of one episode's trace, by kind.
+local function events(dir, id)
+  local by = {}
+  local f = assert(io.open(dir .. "/traces/" .. id .. ".jsonl"))
+  for line in f:lines() do
+    local ev = json.decode(line)
+    by[ev.kind] = by[ev.kind] or {}
+    table.insert(by[ev.kind], ev.data)
+  end
+  f:close()
+  return by
+end
+
+-- Records by task id (rollout 0).
+local function by_task(dir)
+  local _, records = trace.read(dir)
+  local t = {}
+  for _, r in ipairs(records) do
+    if r.rollout == 0 or r.rollout == nil then t[r.task] = r end
+  end
+  return t, records
+end
+
+local function overlap(a, b) return a.start < b.stop and b.start < a.stop end
+
+describe("envs/seat", function()
+  local out, boxes
+  before_each(function()
+    out = tmpdir()
+    boxes = {}
+    runner.providers["local"] = dev_provider(boxes)
+  end)
+  after_each(function()
+    runner.providers["local"] = nil
+    os.execute("rm -rf '" .. out .. "'")
+    for _, sb in ipairs(boxes) do
+      assert.is_false(sb:alive(), "a box is alive after the run: " .. sb.id)
+    end
+  end)
+
+  it("keeps each key's box across its turns, in order, with one prelude per box", function()
+    local code, stdout, stderr, dir = run_seat(out, { "-c", "4", "--json" })
+    assert.equal(0, code, stderr)
+    local s = json.decode(stdout)
+    assert.equal(10, s.episodes)
+    local t, records = by_task(dir)
+    for _, r in ipairs(records) do
+      assert.equal(1, r.reward, r.task .. ": " .. json.encode(r.error or {}))
+    end
+    -- turns of one key: one box, in order
+    for _, seq in ipairs { { "alice-repo-1", "alice-repo-2", "alice-repo-3" },
+                           { "bob-repo-1", "bob-repo-2" }, { "carol-scratch-1", "carol-scratch-2" } } do
+      for i = 2, #seq do
+        assert.equal(t[seq[1]].runtime.id, t[seq[i]].runtime.id, seq[i])
+        assert.is_true(t[seq[i]].runtime.borrowed, seq[i])
+      end
+      -- the box's notes, as the last turn scored them: every turn, in order
+      local want = {}
+      for i = 1, #seq do want[i] = "turn " .. i end
+      assert.same(want, events(dir, seq[#seq] .. ".r0").score[1].detail.notes)
+    end
+    -- distinct keys, distinct boxes
+    local ids = {}
+    for _, k in ipairs { "alice-repo-1", "bob-repo-1", "carol-scratch-1", "carol-scratch-3", "dave-essay-1", "erin-essay-1" } do
+      assert.is_nil(ids[t[k].runtime.id], k)
+      ids[t[k].runtime.id] = k
+    end
+    -- the prelude ran once per box: only in the first episode of each box
+    local preludes = {}
+    for _, r in ipairs(records) do
+      local seat = events(dir, r.id).seat[1]
+      assert.equal(not r.runtime.borrowed, seat.prelude)
+      if seat.prelude then
+        assert.is_nil(preludes[r.runtime.id], "prelude ran twice in " .. r.runtime.id)
+        preludes[r.runtime.id] = true
+      end
+      assert.equal(1, events(dir, r.id).score[1].detail.prelude_runs)
+    end
+    -- the leaving seat's next turn got a fresh box, and says why
+    local c3 = t["carol-scratch-3"]
+    assert.is_false(c3.runtime.borrowed)
+    assert.are_not.equal(t["carol-scratch-2"].runtime.id, c3.runtime.id)
+    assert.equal("seat carol left", events(dir, c3.id).seat[1].reason)
+    assert.same({ "turn 3" }, events(dir, c3.id).score[1].detail.notes)
+    -- judges: overlapping on an unrestricted box, one at a time on a restricted one
+    local dave, erin = events(dir, "dave-essay-1.r0").judge, events(dir, "erin-essay-1.r0").judge
+    assert.equal(3, #dave)
+    assert.equal(3, #erin)
+    assert.is_true(overlap(dave[1], dave[2]) and overlap(dave[2], dave[3]), "dave's judges did not overlap")
+    for i = 1, 3 do
+      for j = i + 1, 3 do assert.is_false(overlap(erin[i], erin[j]), "erin's judges overlapped") end
+    end
+    -- usage
+    assert.equal(#boxes, s.sandboxes.created)
+    assert.equal(6, #boxes)           -- alice, bob, carol twice, dave, erin
+    assert.equal(4, s.sandboxes.reused)
+  end)
+
+  it("without a pool gives every episode its own box and id", function()
+    local code, stdout, stderr, dir = run_seat(out, { "-c", "4", "--json", "--no-pool" })
+    assert.equal(0, code, stderr)
+    local s = json.decode(stdout)
+    assert.equal(0, s.sandboxes.reused)
+    assert.equal(10, s.sandboxes.created)
+    local _, records = by_task(dir)
+    local ids = {}
+    for _, r in ipairs(records) do
+      assert.equal(1, r.reward, r.task)
+      assert.is_false(r.runtime.borrowed)
+      assert.is_nil(ids[r.runtime.id])
+      ids[r.runtime.id] = true
+      assert.equal("no pool", events(dir, r.id).seat[1].reason)
+    end
+    assert.equal(10, #boxes)
+  end)
+
+  it("prints reuse figures in the summary with -r 2, and none reused with --no-pool", function()
+    local code, stdout = run_seat(out, { "-r", "2", "-c", "4", "-t", "alice-*", "-t", "carol-*" })
+    assert.equal(0, code)
+    local created, reused = stdout:match("sandboxes%s+created (%d+), reused (%d+), sandbox%-seconds")
+    assert.equal("4", created)          -- alice's; carol's, then one per leaving rollout
+    assert.equal("8", reused)           -- of 12 episodes
+    os.execute("rm -rf '" .. out .. "'/*")
+    code, stdout = run_seat(out, { "-r", "2", "-c", "4", "-t", "alice-*", "--no-pool" })
+    assert.equal(0, code)
+    assert.matches("sandboxes%s+created 6, reused 0, sandbox%-seconds", stdout)
+  end)
+
+  it("does not return a failed episode's box: the next turn is fresh and says why", function()
+    local tasks = out .. "/tasks.jsonl"
+    local f = assert(io.open(tasks, "w"))
+    for i = 1, 3 do
+      f:write(json.encode({ id = "zed-" .. i, seat = "zed", key = "k", turn = i, prompt = "p",
+        solution = "printf 'turn " .. i .. "\\n' >> /seat/notes.txt" }), "\n")
+    end
+    f:close()
+    local agent = out .. "/agent.lua"
+    f = assert(io.open(agent, "w"))
+    f:write([[return function(ctx)
+      if ctx.task.turn == 2 then error("agent lost the plot") end
+      return ctx.sandbox:exec(ctx.task.solution)
+    end]])
+    f:close()
+    local code, stdout, stderr = run_seat(out .. "/runs", { "--tasks", tasks, "--agent", "script:" .. agent,
+      "--json", "-c", "2" })
+    assert.equal(0, code, stderr)
+    local dir
+    for name in require("lfs").dir(out .. "/runs") do if name:sub(1, 1) ~= "." then dir = out .. "/runs/" .. name end end
+    local t = by_task(dir)
+    assert.equal(1, t["zed-1"].reward)
+    assert.equal("agent_error", t["zed-2"].error.kind)
+    assert.equal(t["zed-1"].runtime.id, t["zed-2"].runtime.id)
+    assert.is_false(t["zed-3"].runtime.borrowed)
+    assert.are_not.equal(t["zed-2"].runtime.id, t["zed-3"].runtime.id)
+    assert.matches("^agent error in episode zed%-2%.r0$", events(dir, "zed-3.r0").seat[1].reason)
+    assert.equal(1, t["zed-3"].reward)
+    assert.equal(2, #boxes)
+  end)
+
+  it("names the task file and line of a malformed task", function()
+    local tasks = out .. "/bad.jsonl"
+    local f = assert(io.open(tasks, "w"))
+    f:write('{"id": "a", "seat": "s", "key": "k", "prompt": "p"}\n{"id": "b", "seat": 7}\n')
+    f:close()
+    local code, _, stderr = run_seat(out .. "/runs", { "--tasks", tasks })
+    assert.are_not.equal(0, code)
+    assert.matches("bad.jsonl:2: task field 'seat' must be a string", stderr)
+  end)
+end)
