@@ -5,7 +5,8 @@
 --   local p = require("providers.anthropic").new{base_url, api_key_env, model,
 --     extra_body, max_concurrency, prices, max_retries, timeout, max_tokens,
 --     anthropic_version, headers}
---   p:complete{messages, tools, model, max_tokens, temperature, extra_body}
+--   p:complete{messages, tools, model, max_tokens, temperature, extra_body,
+--              stream, on_delta}
 local engine = require "engine"
 local json = require "engine.json"
 local model = require "providers.model"
@@ -111,15 +112,86 @@ function Anthropic:request_headers()
   return h
 end
 
+-- ---- streaming ------------------------------------------------------------
+
+-- Applies one Messages stream event to the accumulated message.
+local function apply_event(acc, name, v, on_delta)
+  if name == "message_start" and type(v.message) == "table" then
+    acc.id, acc.model = v.message.id, v.message.model
+    acc.usage = type(v.message.usage) == "table" and v.message.usage or {}
+  elseif name == "content_block_start" and type(v.content_block) == "table" then
+    local b = v.content_block
+    acc.blocks[(tonumber(v.index) or #acc.blocks) + 1] = { type = b.type, id = b.id,
+      name = b.name, text = { b.text }, json = {} }
+  elseif name == "content_block_delta" and type(v.delta) == "table" then
+    local b = acc.blocks[(tonumber(v.index) or 0) + 1]
+    if not b then return end
+    local d = v.delta
+    if type(d.text) == "string" then
+      b.text[#b.text + 1] = d.text
+      if on_delta then on_delta(d.text) end
+    end
+    if type(d.partial_json) == "string" then b.json[#b.json + 1] = d.partial_json end
+  elseif name == "message_delta" then
+    if type(v.delta) == "table" then acc.stop_reason = v.delta.stop_reason end
+    if type(v.usage) == "table" then
+      for k, x in pairs(v.usage) do acc.usage[k] = x end
+    end
+  end
+end
+
+local function stream_handlers(on_delta)
+  local box = {}
+  return box, function()
+    local acc = { blocks = {}, usage = {} }
+    box.acc = acc
+    return function(ev)
+      if ev.event == "message_stop" then return true end
+      if ev.event == "ping" then return nil end
+      local v, err = json.safe_decode(ev.data)
+      if type(v) ~= "table" then
+        return nil, "bad_response: anthropic stream: invalid JSON in an event (" .. (err or "not an object") .. ")"
+      end
+      if ev.event == "error" then return nil, "server: anthropic stream: " .. model.error_message(ev.data) end
+      apply_event(acc, ev.event, v, on_delta)
+    end
+  end
+end
+
+-- The accumulated stream as a non-streamed response body, or nil, err.
+local function assembled(acc)
+  local content = {}
+  for i, b in ipairs(acc.blocks) do
+    if b.type == "tool_use" then
+      local raw = table.concat(b.json)
+      local input, err = json.safe_decode(raw == "" and "{}" or raw)
+      if type(input) ~= "table" then
+        return nil, "bad_response: anthropic stream: tool input is not JSON (" .. tostring(err) .. ")"
+      end
+      content[i] = { type = "tool_use", id = b.id, name = b.name, input = input }
+    else
+      content[i] = { type = b.type, text = table.concat(b.text) }
+    end
+  end
+  return { id = acc.id, model = acc.model, usage = acc.usage, stop_reason = acc.stop_reason,
+           content = content }
+end
+
 -- provider:complete(opts) -> result | nil, err, info
+-- opts.stream (or config stream = true) streams; opts.on_delta(text).
 function Anthropic:complete(opts)
   local model_name = opts.model or self.model
   if type(model_name) ~= "string" then error("anthropic: no model given (config.model)", 2) end
   local t0 = engine.monotonic()
-  local res, err, info = self:post("/messages", build(self, opts, model_name),
-                                   self:request_headers())
+  local body, box, handlers = build(self, opts, model_name), nil, nil
+  if opts.stream or (opts.stream == nil and self.stream) then
+    body.stream = true
+    box, handlers = stream_handlers(opts.on_delta)
+  end
+  local res, err, info = self:post("/messages", body, self:request_headers(), handlers)
   if not res then return nil, err, info end
-  local v, derr = model.decode(res, "anthropic")
+  local v, derr
+  if box then v, derr = assembled(box.acc) else v, derr = model.decode(res, "anthropic") end
   local out
   if v then out, derr = parse(v) end
   if not out then

@@ -5,9 +5,10 @@
 -- accounting.
 --
 --   local base = model.base(config, defaults)  -- fields below, plus base:post()
---   base:post(path, body_table, headers) -> response | nil, err, info
+--   base:post(path, body_table, headers, new_handler) -> response | nil, err, info
 --     retries on 429, 5xx and transport failures (connect, reset, timeout),
---     never on other 4xx; info = {kind, status, attempts}
+--     never on other 4xx; info = {kind, status, attempts}. With new_handler
+--     the response is a server-sent event stream (see attempt_stream).
 --   base:add_usage(model, input_tokens, output_tokens, extra) -> cost
 --   base:usage() -> {requests, attempts, retries, failures, input_tokens,
 --                    output_tokens, cost, seconds, by_model = {...}}
@@ -91,7 +92,7 @@ local function retryable(status) return status == 429 or status >= 500 end
 -- Transport failures worth another attempt (not a bad URL, TLS or size).
 local function transient(err)
   return err == "timeout" or err:match("^connect") or err:match("^resolve")
-    or err:match("^http:") ~= nil
+    or err:match("^connection") or err:match("^http:") ~= nil
 end
 
 -- One short line from an error body: the API's message when it has one.
@@ -128,25 +129,56 @@ function Base:attempt(req)
   return http.request(req)
 end
 
+-- One streamed attempt: a 2xx response's server-sent events go to
+-- on_event(ev) -> done | nil, err. Returns the response (its body read when
+-- not 2xx), or nil, err, final (final: a bad event, not worth a retry).
+function Base:attempt_stream(req, on_event)
+  local guard <close> = self.sem:guard()
+  self.totals.attempts = self.totals.attempts + 1
+  local s, err = http.stream(req)
+  if not s then return nil, err end
+  local _ <close> = s
+  local res = { status = s.status, headers = s.headers }
+  if s.status < 200 or s.status >= 300 then
+    res.body, err = s:body()
+    if not res.body then return nil, err end
+    return res
+  end
+  while true do
+    local ev, eerr = s:next()
+    if not ev then
+      if eerr then return nil, eerr end
+      return res
+    end
+    local done, perr = on_event(ev)
+    if perr then return nil, perr, true end
+    if done then return res end
+  end
+end
+
 -- POSTs JSON with retries. Returns the 2xx response, or nil, err, info.
-function Base:post(path, body, headers)
+-- With new_handler, the response streams: each attempt gets a fresh
+-- on_event = new_handler() (see attempt_stream).
+function Base:post(path, body, headers, new_handler)
   local req = { method = "POST", url = self.base_url .. path, headers = headers,
                 body = json.encode(body), timeout = self.timeout,
+                idle_timeout = new_handler and self.idle_timeout or nil,
                 unix_socket = self.unix_socket }
   self.totals.requests = self.totals.requests + 1
-  local n, res, err = 0, nil, nil
+  local n, res, err, final = 0, nil, nil, nil
   while true do
     n = n + 1
-    res, err = self:attempt(req)
+    if new_handler then res, err, final = self:attempt_stream(req, new_handler())
+    else res, err = self:attempt(req) end
     if res and res.status >= 200 and res.status < 300 then return res end
-    if res and not retryable(res.status) then break end
+    if final or (res and not retryable(res.status)) then break end
     if (not res and not transient(err)) or n > self.max_retries then break end
     self.totals.retries = self.totals.retries + 1
     engine.sleep(self:backoff(n, res and res.headers))
   end
   self.totals.failures = self.totals.failures + 1
   if not res then
-    return nil, err, { kind = "transport", attempts = n }
+    return nil, err, { kind = final and "bad_response" or "transport", attempts = n }
   end
   local kind = classify(res.status, res.body)
   local msg = kind .. ": http " .. res.status .. ": " .. M.error_message(res.body)

@@ -3,7 +3,8 @@
 --
 --   local p = require("providers.openai").new{base_url, api_key_env, model,
 --     extra_body, max_concurrency, prices, max_retries, timeout, headers}
---   p:complete{messages, tools, model, max_tokens, temperature, extra_body}
+--   p:complete{messages, tools, model, max_tokens, temperature, extra_body,
+--              stream, on_delta}
 --     -> {message, tool_calls, usage, finish_reason, cost, latency, model, id}
 --      | nil, err, info
 --   p:usage() -> totals (providers.model)
@@ -119,15 +120,84 @@ function OpenAI:request_headers()
   return h
 end
 
+-- ---- streaming ------------------------------------------------------------
+
+-- Folds one chunk's tool-call deltas into acc.calls (by index).
+local function add_call_deltas(acc, deltas)
+  for _, tc in ipairs(type(deltas) == "table" and deltas or {}) do
+    local i = (tonumber(tc.index) or #acc.calls) + 1
+    local slot = acc.calls[i] or { args = {} }
+    acc.calls[i] = slot
+    slot.id = slot.id or str(tc.id)
+    local fn = type(tc["function"]) == "table" and tc["function"] or {}
+    slot.name = slot.name or str(fn.name)
+    slot.args[#slot.args + 1] = str(fn.arguments)
+  end
+end
+
+local function add_chunk(acc, v, on_delta)
+  acc.id, acc.model = acc.id or str(v.id), acc.model or str(v.model)
+  if type(v.usage) == "table" then acc.usage = v.usage end
+  local ch = type(v.choices) == "table" and v.choices[1]
+  if type(ch) ~= "table" then return end
+  local d = type(ch.delta) == "table" and ch.delta or {}
+  local text = str(d.content)
+  if text then
+    acc.content[#acc.content + 1] = text
+    if on_delta then on_delta(text) end
+  end
+  acc.reasoning[#acc.reasoning + 1] = str(d.reasoning_content) or str(d.reasoning)
+  add_call_deltas(acc, d.tool_calls)
+  acc.finish = str(ch.finish_reason) or acc.finish
+end
+
+-- A handler factory for Base:post: each attempt starts a fresh accumulator.
+local function stream_handlers(on_delta)
+  local box = {}
+  return box, function()
+    local acc = { content = {}, reasoning = {}, calls = {} }
+    box.acc = acc
+    return function(ev)
+      if ev.data == "[DONE]" then return true end
+      local v, err = json.safe_decode(ev.data)
+      if type(v) ~= "table" then
+        return nil, "bad_response: openai stream: invalid JSON in an event (" .. (err or "not an object") .. ")"
+      end
+      if v.error ~= nil then return nil, "server: openai stream: " .. model.error_message(ev.data) end
+      add_chunk(acc, v, on_delta)
+    end
+  end
+end
+
+-- The accumulated stream as a non-streamed response body.
+local function assembled(acc)
+  local calls = {}
+  for i, c in ipairs(acc.calls) do
+    calls[i] = { id = c.id, ["function"] = { name = c.name, arguments = table.concat(c.args) } }
+  end
+  return { id = acc.id, model = acc.model, usage = acc.usage,
+           choices = { { finish_reason = acc.finish, message = {
+             content = #acc.content > 0 and table.concat(acc.content) or nil,
+             reasoning_content = #acc.reasoning > 0 and table.concat(acc.reasoning) or nil,
+             tool_calls = calls } } } }
+end
+
 -- provider:complete(opts) -> result | nil, err, info (see the top).
+-- opts.stream (or config stream = true) streams the response; opts.on_delta
+-- (text) then sees the text as it arrives.
 function OpenAI:complete(opts)
   local model_name = opts.model or self.model
   if type(model_name) ~= "string" then error("openai: no model given (config.model)", 2) end
   local t0 = engine.monotonic()
-  local res, err, info = self:post("/chat/completions", build(self, opts, model_name),
-                                   self:request_headers())
+  local body, box, handlers = build(self, opts, model_name), nil, nil
+  if opts.stream or (opts.stream == nil and self.stream) then
+    body.stream, body.stream_options = true, { include_usage = true }
+    box, handlers = stream_handlers(opts.on_delta)
+  end
+  local res, err, info = self:post("/chat/completions", body, self:request_headers(), handlers)
   if not res then return nil, err, info end
-  local v, derr = model.decode(res, "openai")
+  local v, derr
+  if box then v = assembled(box.acc) else v, derr = model.decode(res, "openai") end
   local out
   if v then out, derr = parse(v) end
   if not out then

@@ -261,6 +261,93 @@ describe("model providers", function()
     end)
   end)
 
+  describe("streaming", function()
+    local function sse(events)
+      local chunks = {}
+      for i, e in ipairs(events) do
+        local data = type(e) == "string" and e or json.encode(e)
+        chunks[i] = { data = "data: " .. data .. "\n\n" }
+      end
+      return { chunks = chunks }
+    end
+
+    local function openai_stream()
+      return sse{
+        { id = "s1", model = "m", choices = { { index = 0, delta = { role = "assistant", content = "Hel" } } } },
+        { choices = { { index = 0, delta = { content = "lo" } } } },
+        { choices = { { index = 0, delta = { tool_calls = { { index = 0, id = "t9", type = "function",
+          ["function"] = { name = "bash", arguments = '{"comm' } } } } } } },
+        { choices = { { index = 0, delta = { tool_calls = { { index = 0,
+          ["function"] = { arguments = 'and":"ls"}' } } } } } } },
+        { choices = { { index = 0, delta = {}, finish_reason = "tool_calls" } } },
+        { choices = {}, usage = { prompt_tokens = 12, completion_tokens = 4 } },
+        "[DONE]" }
+    end
+
+    it("assembles an OpenAI stream: text deltas, split tool calls, usage", function()
+      srv:script{ openai_stream() }
+      local seen = {}
+      local r = assert(new_openai():complete{ messages = { { role = "user", content = "x" } },
+        stream = true, on_delta = function(t) seen[#seen + 1] = t end })
+      assert.same({ "Hel", "lo" }, seen)
+      assert.equal("Hello", r.message.content)
+      assert.equal("tool_calls", r.finish_reason)
+      assert.same({ command = "ls" }, r.tool_calls[1].arguments)
+      assert.equal("t9", r.tool_calls[1].id)
+      assert.same({ input_tokens = 12, output_tokens = 4 }, r.usage)
+      local body = json.decode(srv:requests()[1].body)
+      assert.is_true(body.stream)
+      assert.is_true(body.stream_options.include_usage)
+    end)
+
+    it("retries a stream that fails before or during the response, from scratch", function()
+      local stalled = openai_stream()
+      stalled.chunks = { stalled.chunks[1], stalled.chunks[2] }
+      stalled.stall = 5
+      srv:script{ { status = 503, body = "busy" }, stalled, openai_stream() }
+      local p = new_openai{ timeout = 0.8, stream = true }
+      local r = assert(p:complete{ messages = { { role = "user", content = "x" } } })
+      assert.equal("Hello", r.message.content)
+      assert.equal(3, #srv:requests())
+      assert.equal(2, p:usage().retries)
+    end)
+
+    it("fails clearly on a malformed event, without retrying", function()
+      srv:script{ sse{ { choices = { { delta = { content = "a" } } } }, "{broken" } }
+      local r, err, info = new_openai():complete{ messages = { { role = "user", content = "x" } }, stream = true }
+      assert.is_nil(r)
+      assert.matches("^bad_response: openai stream: invalid JSON", err)
+      assert.equal("bad_response", info.kind)
+      assert.equal(1, #srv:requests())
+    end)
+
+    it("assembles an Anthropic stream with tool use", function()
+      local function ev(name, data)
+        return { data = "event: " .. name .. "\ndata: " .. json.encode(data) .. "\n\n" }
+      end
+      srv:script{ { chunks = {
+        ev("message_start", { type = "message_start", message = { id = "m1", model = "c",
+          usage = { input_tokens = 30, output_tokens = 1 } } }),
+        ev("content_block_start", { index = 0, content_block = { type = "text", text = "" } }),
+        ev("ping", { type = "ping" }),
+        ev("content_block_delta", { index = 0, delta = { type = "text_delta", text = "Let me " } }),
+        ev("content_block_delta", { index = 0, delta = { type = "text_delta", text = "look." } }),
+        ev("content_block_start", { index = 1, content_block = { type = "tool_use", id = "tu1",
+          name = "bash", input = {} } }),
+        ev("content_block_delta", { index = 1, delta = { type = "input_json_delta", partial_json = '{"command": ' } }),
+        ev("content_block_delta", { index = 1, delta = { type = "input_json_delta", partial_json = '"pwd"}' } }),
+        ev("message_delta", { delta = { stop_reason = "tool_use" }, usage = { output_tokens = 9 } }),
+        ev("message_stop", { type = "message_stop" }) } } }
+      local p = anthropic.new{ base_url = srv.url .. "/v1", model = "c", stream = true }
+      local r = assert(p:complete{ messages = { { role = "user", content = "x" } } })
+      assert.equal("Let me look.", r.message.content)
+      assert.equal("tool_calls", r.finish_reason)
+      assert.same({ command = "pwd" }, r.tool_calls[1].arguments)
+      assert.same({ input_tokens = 30, output_tokens = 9 }, r.usage)
+      assert.is_true(json.decode(srv:requests()[1].body).stream)
+    end)
+  end)
+
   describe("backoff", function()
     it("grows exponentially with jitter, capped", function()
       local b = model.base({ base_url = "x", backoff_base = 1, backoff_max = 8 })
