@@ -7,7 +7,8 @@
  * The C layer ("engine.http.core") exposes one object, a transfer:
  *
  *   core.open{method, url, headers = {"Name: value", ...}, body, timeout,
- *             connect_timeout, idle_timeout, unix_socket, verify, max_body}
+ *             connect_timeout, idle_timeout, unix_socket, verify, cainfo,
+ *             max_body}
  *     -> transfer (already running)
  *   t:head()   -> status, raw_headers | nil, err   (waits for the headers)
  *   t:read()   -> chunk | nil (end) | nil, err     (waits for body data)
@@ -377,6 +378,7 @@ static void set_timeouts(lua_State *L, xfer *x) {
 /* Everything that does not depend on the request's method. */
 static void set_common(lua_State *L, xfer *x) {
   const char *unix_socket = opt_string(L, 1, "unix_socket");
+  const char *cainfo = opt_string(L, 1, "cainfo");
   CURL *e = x->easy;
   lua_getfield(L, 1, "verify");
   if (lua_isboolean(L, -1) && !lua_toboolean(L, -1)) {
@@ -385,6 +387,7 @@ static void set_common(lua_State *L, xfer *x) {
   }
   lua_pop(L, 1);
   if (unix_socket) curl_easy_setopt(e, CURLOPT_UNIX_SOCKET_PATH, unix_socket);
+  if (cainfo) curl_easy_setopt(e, CURLOPT_CAINFO, cainfo);
   curl_easy_setopt(e, CURLOPT_PRIVATE, (char *)x);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->err);

@@ -152,6 +152,30 @@ describe("engine.http", function()
     assert(ok, err)
   end)
 
+  it("verifies TLS peers by default", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -m 700 " .. dir))
+    local tls = { cert = dir .. "/cert.pem", key = dir .. "/key.pem" }
+    local gen = require("engine.proc").run({ "openssl", "req", "-x509", "-newkey", "ec",
+      "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+      "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+      "-keyout", tls.key, "-out", tls.cert }, { timeout = 30 })
+    assert.equal(0, gen.code, gen.stderr)
+    local tsrv = server.start{ tls = tls }
+    local ok, err = pcall(function()
+      tsrv:script{ { body = "secure" }, { body = "unverified" } }
+      local r, e = http.request{ url = tsrv.url .. "/" }
+      assert.is_nil(r)
+      assert.matches("^tls: ", e)
+      assert.equal("secure", assert(http.request{ url = tsrv.url .. "/", cainfo = tls.cert }).body)
+      assert.equal("unverified", assert(http.request{ url = tsrv.url .. "/", verify = false }).body)
+    end)
+    tsrv:stop()
+    os.execute("rm -rf " .. dir)
+    assert(ok, err)
+  end)
+
   describe("streams", function()
     it("delivers server-sent events as they arrive", function()
       srv:script{ { chunks = {

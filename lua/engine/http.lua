@@ -2,7 +2,7 @@
 -- interface driven by the engine's loop (engine/http.c).
 --
 --   http.request{method, url, headers, body, timeout, connect_timeout,
---                idle_timeout, unix_socket, verify, max_body}
+--                idle_timeout, unix_socket, verify, cainfo, max_body}
 --     -> {status, headers, body} | nil, err
 --   http.stream{...} -> stream | nil, err     (returns once headers arrived)
 --     stream.status, stream.headers
@@ -11,6 +11,9 @@
 --     stream:body() -> the rest of the body | nil, err
 --     stream:close()  (also <close>): removes the transfer
 --
+-- TLS peers are verified (verify = false turns it off; cainfo = a PEM CA
+-- bundle to trust instead of the system's); proxies come from http_proxy /
+-- https_proxy / no_proxy, as curl reads them.
 -- headers: a map {["Name"] = "value"} or a list {"Name: value"}. Response
 -- header names are lowercase; repeated headers are joined with ", ".
 -- Errors: "timeout", "connect: ...", "resolve: ...", "tls: ...",
