@@ -2,43 +2,28 @@ local engine = require "engine"
 local sync = require "engine.sync"
 local pool = require "engine.pool"
 
--- DEV stand-in provider (to be replaced by engine.sandbox)
-local fake = {}
-do
-  local n = 0
-  local Box = {}
-  Box.__index = Box
-  function fake.new(spec)
-    if spec.fail then return nil, "boom" end
-    engine.sleep(0.01)
-    n = n + 1
-    local resolved = { image = spec.image or "host", workdir = spec.workdir or "/", network = spec.network or "none", env = spec.env or {} }
-    return setmetatable({ id = "fake-" .. n, info = { spec = resolved }, files = {}, up = true,
-      lock = sync.mutex() }, Box)
-  end
-  function Box:alive() return self.up end
-  function Box:stop() self.up = false end
-  function Box:write(p, d) self.files[p] = d end
-  function Box:read(p) return self.files[p] end
-  function Box:exec(cmd)
-    local n = tonumber(cmd:match("sleep ([%d.]+)") or "0.01")
-    engine.sleep(n)
-    return { code = 0 }
-  end
-  function Box:borrow()
-    if self.info.spec.network == "none" or self.info.spec.network == "host" then
-      return setmetatable({}, { __close = function() end })
-    end
-    return self.lock:guard()
-  end
+local sandbox = require "engine.sandbox"
+
+-- Every spec here runs on real local sandboxes.
+local function new_pool(o)
+  return pool.new(o or {})
 end
 
-local function new_pool(o)
-  o = o or {}
-  o.create = fake.new
-  return pool.new(o)
+-- Network policy lists ({allow = ...}) are not supported by the local
+-- sandbox yet, so no spec can ask for a restricted box. These mark a real box
+-- restricted (the flag sandbox.new will set for such a spec), so borrow()
+-- takes the sandbox's own per-box FIFO lock.
+local function restrict(sb)
+  sb.restricted = true
+  return sb
 end
-local RESTRICTED = { network = { allow = { "127.0.0.1" } } }
+
+-- Waits (up to 5 s) until the engine holds at most n sandboxes.
+local function settle_live(n)
+  local deadline = engine.monotonic() + 5
+  while sandbox.live() > n and engine.monotonic() < deadline do engine.sleep(0.02) end
+  return sandbox.live()
+end
 
 -- Leases key in a task of its own and releases when `go` is set (or at once).
 local function lease_in_task(p, key, spec, log, go)
@@ -58,13 +43,19 @@ describe("engine.pool", function()
     return l
   end
 
-  before_each(function() boxes = {} end)
+  local live_before
+  before_each(function()
+    boxes = {}
+    live_before = sandbox.live()
+  end)
   after_each(function()
     if p then p:close() end
     for _, sb in ipairs(boxes) do
       assert.is_false(sb:alive(), "a box outlived its pool: " .. tostring(sb.id))
     end
     p = nil
+    -- and the kernel has reaped every one of them
+    assert.equal(live_before, settle_live(live_before))
   end)
 
   it("gives the same box back for the same key, files kept", function()
@@ -404,7 +395,8 @@ describe("engine.pool", function()
 
   it("returns the provider's error when creation fails and frees the key", function()
     p = new_pool()
-    assert.same({ nil, "boom" }, { p:lease("k", { fail = true }) })
+    assert.same({ nil, "unknown image '/nonexistent/rootfs'" },
+      { p:lease("k", { image = "/nonexistent/rootfs" }) })
     assert.is_nil(p.slots.k)
     local l <close> = track(assert(p:lease("k")))
     assert.equal(1, p:usage().created)
@@ -467,16 +459,16 @@ describe("engine.pool", function()
 
     it("serialises borrowers of a network-restricted box", function()
       p = new_pool()
-      local l <close> = track(assert(p:lease("restricted", RESTRICTED)))
-      local s = borrowers(l.sandbox, 3)
+      local l <close> = track(assert(p:lease("restricted")))
+      local s = borrowers(restrict(l.sandbox), 3)
       assert.is_false(overlap(s[1], s[2]) or overlap(s[2], s[3]) or overlap(s[1], s[3]))
       assert.is_true(s[1][2] <= s[2][1] and s[2][2] <= s[3][1], "not in FIFO order")
     end)
 
     it("releases the restricted box's lock on every path", function()
       p = new_pool()
-      local l <close> = track(assert(p:lease("restricted", RESTRICTED)))
-      local sb = l.sandbox
+      local l <close> = track(assert(p:lease("restricted")))
+      local sb = restrict(l.sandbox)
       -- normal end
       assert(engine.spawn(function() local g <close> = sb:borrow(); sb:exec("true") end):join())
       assert.same({ true, true }, { borrow_free(sb) })
@@ -509,7 +501,8 @@ describe("engine.pool", function()
 
     it("judges borrow a leased box while its owner holds the key", function()
       p = new_pool()
-      local l <close> = track(assert(p:lease("task-1", RESTRICTED)))
+      local l <close> = track(assert(p:lease("task-1")))
+      restrict(l.sandbox)
       local judges = {}
       for i = 1, 3 do
         judges[i] = engine.spawn(function()
@@ -525,8 +518,8 @@ describe("engine.pool", function()
     -- so a lease timeout breaks the cycle and every lock is free afterwards.
     it("breaks the borrow-vs-key deadlock with a lease timeout, leaking no lock", function()
       p = new_pool()
-      local box <close> = track(assert(p:lease("box", RESTRICTED)))
-      local sb, h_got_box, w_got_key = box.sandbox, sync.event(), sync.event()
+      local box <close> = track(assert(p:lease("box")))
+      local sb, h_got_box, w_got_key = restrict(box.sandbox), sync.event(), sync.event()
       local h = engine.spawn(function()
         local g <close> = sb:borrow()
         h_got_box:set()
@@ -585,44 +578,64 @@ describe("engine.pool", function()
       return status, err, marker
     end
 
+    -- A script that parks two real boxes, each running a tagged sleep, and
+    -- logs every stop the pool makes (with whether the pool was closed then).
     local SCRIPT = [[
 local engine = require "engine"
 local pool = require "engine.pool"
-local Box = {}
-Box.__index = Box
-function Box:alive() return not self.stopped end
-function Box:stop()
-  if self.stopped then return end
-  self.stopped = true
-  local f = io.open("marker", "a"); f:write("stopped ", self.id, "\n"); f:close()
+local sandbox = require "engine.sandbox"
+local p = pool.new { ttl = 600 }
+local real_stop = sandbox.Sandbox.stop
+sandbox.Sandbox.stop = function(sb)
+  if not sb.logged then
+    sb.logged = true
+    local f = io.open("marker", "a")
+    f:write("stopped closed=", tostring(p.closed), "\n")
+    f:close()
+  end
+  return real_stop(sb)
 end
-local n = 0
-local p = pool.new { ttl = 600, create = function(spec)
-  n = n + 1
-  return setmetatable({ id = "b" .. n, info = { spec = spec } }, Box)
-end }
-do local _ <close> = assert(p:lease("a")) end
-do local _ <close> = assert(p:lease("b")) end
-io.stdout:write("parked\n")
+for _, k in ipairs { "a", "b" } do
+  local l <close> = assert(p:lease(k))
+  assert(l.sandbox:exec("sleep %s >/dev/null 2>&1 &").code == 0)
+end
+local f = io.open("parked", "w"); f:close()
 %s
 ]]
 
-    it("ends `engine run` promptly and stops idle boxes when the script ends", function()
-      local t0 = engine.monotonic()
-      local status, err, marker = run_script(SCRIPT:format(""))
-      assert.equal(0, status)
+    -- How many processes run the tagged sleep, once the count settles at 0
+    -- or 3 s have passed.
+    local function tagged(tag)
+      local n
+      for _ = 1, 30 do
+        local h = io.popen("pgrep -fc '[s]leep " .. tag .. "'")
+        n = tonumber(h:read("a"))
+        h:close()
+        if n == 0 then break end
+        engine.sleep(0.1)
+      end
+      return n
+    end
+
+    local function new_tag() return string.format("9%d.%d", math.random(100, 999), math.random(1e5, 1e6)) end
+
+    it("ends `engine run` promptly; the pool stops its idle boxes when the script ends", function()
+      local tag, t0 = new_tag(), engine.monotonic()
+      local status, err, marker = run_script(SCRIPT:format(tag, ""))
+      assert.equal(0, status, err)
       assert.equal("", err)
-      assert.matches("stopped b1\n", marker)
-      assert.matches("stopped b2\n", marker)
+      assert.equal("stopped closed=true\nstopped closed=true\n", marker)
       assert.is_true(engine.monotonic() - t0 < 10)
+      assert.equal(0, tagged(tag))
     end)
 
     it("stops idle boxes on Ctrl-C", function()
-      local status, err, marker = run_script(SCRIPT:format("engine.sleep(60)"), 1)
+      local tag = new_tag()
+      local status, err, marker = run_script(SCRIPT:format(tag, "engine.sleep(60)"), 1.5)
       assert.equal(128 + 2, status)
-      assert.matches("stopped b1\n", marker)
-      assert.matches("stopped b2\n", marker)
+      assert.equal("stopped closed=true\nstopped closed=true\n", marker)
       assert.not_matches("failed", err)
+      assert.equal(0, tagged(tag))
     end)
   end)
 end)
