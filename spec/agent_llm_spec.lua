@@ -129,6 +129,36 @@ describe("agent llm", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("runs through `engine run ENV --agent llm` with the key only in the environment", function()
+    srv:script{
+      call("bash", { command = "printf 'Hello, Terminal-Bench!\\n' > /app/greeting.txt" }),
+      call("bash", { command = "chmod 0444 /app/greeting.txt" }),
+      call("submit", {}),
+    }
+    local proc = require "engine.proc"
+    local pid = assert(io.open("/proc/self/stat")):read("n")
+    local exe = proc.run({ "readlink", "/proc/" .. pid .. "/exe" }).stdout:gsub("%s+$", "")
+    local out = os.tmpname()
+    os.remove(out)
+    local r = proc.run({ exe, "run", engine.root .. "/spec/fixtures/http/llm_env.lua", "--agent", "llm",
+      "--model", "scripted", "--base-url", srv.url .. "/v1", "--api-key-env", "ENGINE_SPEC_KEY",
+      "--out", out, "-q", "--max-turns", "5" },
+      { timeout = 120, env = { ENGINE_SPEC_KEY = KEY, PATH = os.getenv("PATH"), HOME = os.getenv("HOME") } })
+    local ok, err = pcall(function()
+      assert.equal(0, r.code, r.stdout .. r.stderr)
+      assert.equal("Bearer " .. KEY, srv:requests()[1].headers.authorization)
+      local all = proc.run({ "sh", "-c", "cat " .. out .. "/*/*.json* " .. out .. "/*/traces/*" }).stdout
+      assert.matches('"reward":1', all)
+      assert.matches('"kind":"tool_result"', all)
+      assert.matches('"role":"assistant"', all)
+      local grep = proc.run({ "grep", "-rl", KEY, out })
+      assert.equal(1, grep.code, "the key is in " .. grep.stdout)
+      assert.is_nil((r.stdout .. r.stderr):find(KEY, 1, true))
+    end)
+    os.execute("rm -rf " .. out)
+    assert(ok, err)
+  end)
+
   it("records every model call as a node and every tool call as events", function()
     srv:script{ call("bash", { command = "echo hi" }), call("submit", {}) }
     local tr = fake_trace()
