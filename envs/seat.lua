@@ -20,7 +20,8 @@
 --
 -- Tasks are JSON lines (envs/seat_tasks.jsonl by default): id, seat, key, turn,
 -- prompt, solution (the oracle's shell commands), and optionally leaves_box,
--- judges and network.
+-- judges and network (passed to the sandbox; the local sandbox does not take
+-- policy lists yet, so the shipped judge task runs on an unrestricted box).
 local engine = require "engine"
 local env = require "engine.env"
 local json = require "engine.json"
@@ -44,7 +45,7 @@ local function key_of(task) return task.seat .. ":" .. task.key end
 
 -- ---- tasks ------------------------------------------------------------------
 
-local REQUIRED = { id = "string", seat = "string", key = "string", prompt = "string" }
+local REQUIRED = { "id", "seat", "key", "prompt" }   -- strings, checked in this order
 
 -- Checks one decoded task line; raises an env error naming file and line.
 -- JSON numbers arrive as floats: whole ones become integers ("turn 2").
@@ -53,8 +54,8 @@ local function check_task(t, where)
   for k, v in pairs(t) do
     if math.type(v) == "float" and math.tointeger(v) then t[k] = math.tointeger(v) end
   end
-  for field, ty in pairs(REQUIRED) do
-    if type(t[field]) ~= ty then error(env.error(where .. ": task field '" .. field .. "' must be a " .. ty), 0) end
+  for _, field in ipairs(REQUIRED) do
+    if type(t[field]) ~= "string" then error(env.error(where .. ": task field '" .. field .. "' must be a string"), 0) end
   end
   if t.judges ~= nil and (math.type(t.judges) ~= "integer" or t.judges < 0) then
     error(env.error(where .. ": task field 'judges' must be a non-negative integer"), 0)
