@@ -176,6 +176,25 @@ describe("engine.http", function()
     assert(ok, err)
   end)
 
+  it("goes through the proxy named in the environment", function()
+    srv:script{ { body = "via proxy" } }
+    local proc = require "engine.proc"
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write('local r, e = require("engine.http").request{ url = "http://upstream.invalid/p?q=1" }\n',
+            'io.write(r and r.body or e)\n')
+    f:close()
+    local pid = assert(io.open("/proc/self/stat")):read("n")
+    local exe = proc.run({ "readlink", "/proc/" .. pid .. "/exe" }).stdout:gsub("%s+$", "")
+    local r = proc.run({ exe, "run", script }, { timeout = 30,
+      env = { http_proxy = srv.url, PATH = os.getenv("PATH") } })
+    os.remove(script)
+    assert.equal("via proxy", r.stdout)
+    local req = srv:requests()[1]
+    assert.equal("http://upstream.invalid/p?q=1", req.path)
+    assert.equal("upstream.invalid", req.headers.host)
+  end)
+
   describe("streams", function()
     it("delivers server-sent events as they arrive", function()
       srv:script{ { chunks = {
