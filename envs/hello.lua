@@ -84,6 +84,16 @@ local TASKS = {
   },
 }
 
+-- Removes path and everything under it, depth first, with file operations.
+local function remove_tree(sb, path, kind)
+  if kind == "d" then
+    local names, types = sb:list(path)
+    for _, name in ipairs(names or {}) do remove_tree(sb, path .. "/" .. name, types[name]) end
+  end
+  local ok, err = sb:remove(path)
+  if not ok then error("setup: cannot empty /app: " .. path .. ": " .. tostring(err)) end
+end
+
 local BY_ID = {}
 for _, t in ipairs(TASKS) do BY_ID[t.id] = t end
 
@@ -103,15 +113,20 @@ return env.define {
 
   timeouts = { provision = 60, setup = 30, agent = 120, score = 30, cleanup = 30 },
 
-  -- Empties /app (a pooled box may hold the last episode's files) and puts
-  -- the task's input files in place.
+  -- Empties /app (a pooled box may hold the last episode's files) with
+  -- file operations, no process, and puts the task's input files in place.
   setup = function(ctx)
     local sb = ctx.sandbox
-    local r = sb:exec("rm -rf /app/* /app/.[!.]* 2>/dev/null; mkdir -p /app", { timeout = 20 })
-    if r.code ~= 0 then error("setup: cannot reset /app: " .. tostring(r.stderr)) end
+    local names, types = sb:list("/app")
+    if not names then
+      local ok, err = sb:mkdir("/app")
+      if not ok then error("setup: cannot create /app: " .. tostring(err)) end
+      names = {}
+    end
+    for _, name in ipairs(names) do remove_tree(sb, "/app/" .. name, types[name]) end
     for path, data in pairs(ctx.task.files or {}) do
       local ok, err = sb:write(path, data)
-      if ok == nil and err then error("setup: writing " .. path .. ": " .. tostring(err)) end
+      if not ok then error("setup: writing " .. path .. ": " .. tostring(err)) end
     end
   end,
 

@@ -5,8 +5,8 @@ concurrency; each sandbox is a temporary directory mounted as /app in a
 fresh `bwrap` (new namespaces, host system directories read-only) for every
 command; file reads and writes go straight to that directory on the host
 (cheaper than a harness that execs `cat`, so the comparison favours Python).
-Every episode does what envs/hello.lua does: reset /app and write the task's
-files (setup), run the reference solution (agent), inspect /app (score),
+Every episode does what envs/hello.lua does: empty /app and write the task's
+files with file operations (setup), run the reference solution (agent), inspect /app (score),
 remove the box (cleanup), and append its trace and result as JSON lines.
 
 usage: episodes_asyncio.py [-n EPISODES] [-c CONCURRENCY] [--out DIR]
@@ -91,7 +91,12 @@ async def episode(i, out_dir, results):
     phases["provision"] = time.monotonic() - t0
     try:
         t = time.monotonic()                                     # setup
-        await sandbox_exec(box, "rm -rf /app/* /app/.[!.]* 2>/dev/null; mkdir -p /app", trace)
+        for name in os.listdir(box):                             # empty /app, as hello does
+            path = os.path.join(box, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
         for name, data in task.get("files", {}).items():
             with open(os.path.join(box, name), "w") as f:
                 f.write(data)
