@@ -19,7 +19,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <grp.h>
 #include <poll.h>
 #include <sched.h>
@@ -270,9 +269,48 @@ static void do_mkdir(const sb_msg *m, char *path) {
   reply(m, rc < 0 ? errno : 0, 0, 0, 0, -1);
 }
 
-static int remove_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
-  (void)st; (void)f;
-  return (flag == FTW_DP ? rmdir(p) : unlink(p)) < 0 && errno != ENOENT ? -1 : 0;
+/* Reads every name of the directory fd (consumed) into one malloc'd
+ * buffer of NUL-terminated names; *n gets the count. */
+static char *read_names(int fd, size_t *n) {
+  DIR *d = fdopendir(fd);
+  struct dirent *de;
+  size_t len = 0, cap = 4096;
+  char *buf = malloc(cap);
+  *n = 0;
+  if (!d || !buf) { if (d) closedir(d); else close(fd); free(buf); return NULL; }
+  while ((de = readdir(d))) {
+    size_t k = strlen(de->d_name) + 1;
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    if (len + k > cap) {
+      char *nb = realloc(buf, cap = (cap + k) * 2);
+      if (!nb) { free(buf); closedir(d); return NULL; }
+      buf = nb;
+    }
+    memcpy(buf + len, de->d_name, k);
+    len += k;
+    (*n)++;
+  }
+  closedir(d);
+  return buf;
+}
+
+/* rm -r of name in dirfd, never following symlinks. Names are read before
+ * anything is removed (tmpfs readdir may skip entries removed under it). */
+static int remove_at(int dirfd, const char *name, int depth) {
+  if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT) return 0;
+  if (errno != EISDIR || depth > 512) return -1;
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int keep = dup(fd);
+  size_t n;
+  char *names = keep >= 0 ? read_names(fd, &n) : NULL;
+  if (!names) { if (keep >= 0) close(keep); else close(fd); return -1; }
+  int rc = 0;
+  for (char *p = names; n-- > 0 && rc == 0; p += strlen(p) + 1)
+    rc = remove_at(keep, p, depth + 1);
+  free(names);
+  close(keep);
+  return rc < 0 ? -1 : unlinkat(dirfd, name, AT_REMOVEDIR);
 }
 
 static void do_remove(const sb_msg *m, const char *path) {
@@ -280,7 +318,7 @@ static void do_remove(const sb_msg *m, const char *path) {
   int rc;
   if (lstat(path, &st) < 0) { reply(m, errno, 0, 0, 0, -1); return; }
   if (!S_ISDIR(st.st_mode)) rc = unlink(path);
-  else if (m->a) rc = nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+  else if (m->a) rc = remove_at(AT_FDCWD, path, 0);
   else rc = rmdir(path);
   reply(m, rc < 0 ? errno : 0, 0, 0, 0, -1);
 }

@@ -1,0 +1,430 @@
+-- engine.sandbox: the API, files (escapes included), streaming, limits,
+-- timeouts, cancellation, and that nothing is left after stop.
+local engine = require "engine"
+local sandbox = require "engine.sandbox"
+local core = require "engine.sandbox.core"
+
+local function sh(cmd)
+  local f = assert(io.popen(cmd))
+  local out = f:read("a")
+  f:close()
+  return out
+end
+
+local function host_tmpdir()
+  return (sh("mktemp -d /tmp/sandbox-spec.XXXXXX"):gsub("%s+$", ""))
+end
+
+local function read_host(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write_host(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+-- Waits until cond() is true (the kernel finishes teardown asynchronously).
+local function eventually(cond, seconds)
+  local deadline = engine.monotonic() + (seconds or 5)
+  while engine.monotonic() < deadline do
+    if cond() then return true end
+    engine.sleep(0.02)
+  end
+  return cond()
+end
+
+local function exists(path) return core.host_stat(path) ~= nil end
+
+-- Everything a sandbox leaves on the host while it lives.
+local function traces(sb)
+  local info = sb._box:info()
+  return { pid = info.pid, cgroups = info.cgroups,
+           state = sandbox.state_dir() .. "/" .. sb.id .. ".json" }
+end
+
+local function gone(t)
+  if exists("/proc/" .. t.pid .. "/stat") then return false end
+  for _, cg in ipairs(t.cgroups) do if exists(cg) then return false end end
+  if exists(t.state) then return false end
+  return not read_host("/proc/self/mountinfo"):find(sandbox.state_dir() .. "/mnt", 1, true)
+end
+
+describe("engine.sandbox", function()
+  local sb
+
+  setup(function()
+    sb = assert(sandbox.new { workdir = "/app", env = { FOO = "bar" }, labels = { suite = "spec" } })
+  end)
+
+  teardown(function()
+    if sb then sb:stop() end
+  end)
+
+  describe("exec", function()
+    it("runs a shell string in a machine of its own", function()
+      local r = assert(sb:exec("id -u; hostname; pwd; echo $FOO; echo $HOME"))
+      assert.equal(0, r.code)
+      assert.equal("0\n" .. sb.id .. "\n/app\nbar\n/root\n", r.stdout)
+      assert.is_false(r.timed_out)
+    end)
+
+    it("runs an argv table, reports exit codes, signals and stderr", function()
+      local r = assert(sb:exec({ "sh", "-c", "echo oops >&2; exit 3" }))
+      assert.equal(3, r.code)
+      assert.equal("oops\n", r.stderr)
+      r = assert(sb:exec("kill -9 $$"))
+      assert.equal(9, r.signal)
+    end)
+
+    it("keeps binary output exact and feeds stdin", function()
+      local r = assert(sb:exec("printf 'a\\000b\\377'"))
+      assert.equal("a\0b\255", r.stdout)
+      r = assert(sb:exec("cat", { stdin = "x\0y" }))
+      assert.equal("x\0y", r.stdout)
+    end)
+
+    it("honours cwd, env and user per command", function()
+      local r = assert(sb:exec("pwd; echo $A; id -u", { cwd = "/tmp", env = { A = "1" }, user = "nobody" }))
+      assert.equal("/tmp\n1\n65534\n", r.stdout)
+      local none, err = sb:exec("true", { user = "no-such-user" })
+      assert.is_nil(none)
+      assert.matches("unknown user", err)
+    end)
+
+    it("reports a missing command as 127", function()
+      local r = assert(sb:exec({ "no-such-command-xyz" }))
+      assert.equal(127, r.code)
+      assert.matches("no%-such%-command%-xyz", r.stderr)
+    end)
+
+    it("kills the whole process group at the timeout", function()
+      local t0 = engine.monotonic()
+      local r = assert(sb:exec("sleep 30 & sleep 30; echo never", { timeout = 0.5 }))
+      assert.is_true(r.timed_out)
+      assert.is_true(engine.monotonic() - t0 < 10)
+      local ps = assert(sb:exec("ps -eo comm | grep -c '^sleep' || true"))
+      assert.equal("0\n", ps.stdout)
+    end)
+
+    it("caps output at max_output and says so", function()
+      local r = assert(sb:exec("head -c 100000 /dev/zero", { max_output = 1000 }))
+      assert.is_true(r.truncated)
+      assert.equal(1000, #r.stdout)
+    end)
+
+    it("spawns a process to talk to", function()
+      local p = assert(sb:spawn("read x; echo got $x"))
+      p:write("hi\n")
+      local r = p:wait()
+      assert.equal(0, r.code)
+      assert.equal("got hi\n", r.stdout)
+      p:close()
+    end)
+
+    it("returns when its task is cancelled, and kills the command", function()
+      local t = engine.spawn(function() return sb:exec("sleep 30") end)
+      engine.sleep(0.3)
+      local t0 = engine.monotonic()
+      t:cancel()
+      local ok, err = t:join()
+      assert.is_false(ok)
+      assert.is_true(engine.is_cancel(err))
+      assert.is_true(engine.monotonic() - t0 < 5)
+      assert.is_true(eventually(function()
+        return sb:exec("ps -eo comm | grep -c '^sleep' || true").stdout == "0\n"
+      end))
+    end)
+
+    it("runs many commands at once", function()
+      local tasks = {}
+      for i = 1, 20 do
+        tasks[i] = engine.spawn(function() return sb:exec("echo " .. i).stdout end)
+      end
+      for i = 1, 20 do
+        local ok, out = tasks[i]:join()
+        assert.is_true(ok)
+        assert.equal(i .. "\n", out)
+      end
+    end)
+  end)
+
+  describe("spec", function()
+    it("keeps a plain resolved spec and info", function()
+      assert.equal("local", sb.info.provider)
+      assert.equal("host", sb.info.spec.image)
+      assert.equal("/app", sb.info.spec.workdir)
+      assert.equal("bar", sb.info.spec.env.FOO)
+      assert.equal("spec", sb.info.labels.suite)
+      assert.equal(1 << 30, sb.info.spec.disk)
+      assert.equal("number", type(sb.info.created_at))
+    end)
+
+    it("rejects what it does not support with a clear error", function()
+      assert.has_error(function() sandbox.new { network = { allow = { "x" } } } end,
+        "sandbox spec: network policy lists ({allow=..., block=...}) are not supported yet; use \"none\" or \"host\"")
+      assert.has_error(function() sandbox.new { provider = "nope" } end)
+      assert.has_error(function() sandbox.new { memory = "lots" } end)
+      assert.has_error(function() sandbox.new { workdir = "relative" } end)
+      local none, err = sandbox.new { image = "no-such-image-anywhere" }
+      assert.is_nil(none)
+      assert.is_string(err)
+    end)
+
+    it("parses sizes", function()
+      assert.equal(512 << 20, sandbox.parse_size("512M"))
+      assert.equal(1 << 30, sandbox.parse_size("1g"))
+      assert.equal(1536, sandbox.parse_size(1536))
+    end)
+
+    it("has only lo, up, with network none; the host's with network host", function()
+      local r = assert(sb:exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '"))
+      assert.equal("lo\n", r.stdout)
+      local hb <close> = assert(sandbox.new { network = "host" })
+      local h = assert(hb:exec("cat /proc/net/dev | tail -n +3 | wc -l"))
+      assert.equal(sh("tail -n +3 /proc/net/dev | wc -l"), h.stdout)
+    end)
+
+    it("uses a rootfs directory as the image", function()
+      local dir = host_tmpdir()
+      local r = dir .. "/rootfs"
+      assert(os.execute("mkdir -p " .. r .. "/bin " .. r .. "/lib/x86_64-linux-gnu " .. r .. "/lib64 && " ..
+        "cp /bin/dash " .. r .. "/bin/sh && cp /lib/x86_64-linux-gnu/libc.so.6 " .. r ..
+        "/lib/x86_64-linux-gnu/ && cp /lib64/ld-linux-x86-64.so.2 " .. r .. "/lib64/ && echo mine > " .. r .. "/marker"))
+      local ib <close> = assert(sandbox.new { image = r, workdir = "/w" })
+      local res = assert(ib:exec("read x < /marker; echo $x; echo /*; echo hi > /tmp/t"))
+      assert.equal("mine\n/bin /dev /lib /lib64 /marker /proc /tmp /w\n", res.stdout)
+      ib:stop()
+      assert.is_nil(read_host(r .. "/tmp/t"))
+      os.execute("rm -rf " .. dir)
+    end)
+
+    it("bind mounts host paths, read-only when asked, and hides paths", function()
+      local dir = host_tmpdir()
+      write_host(dir .. "/f", "shared")
+      local mb <close> = assert(sandbox.new { mounts = { { src = dir, dst = "/data", readonly = true } },
+                                              hide = { "/etc/hostname" } })
+      assert.equal("shared", mb:read("/data/f"))
+      local r = assert(mb:exec("echo x > /data/g"))
+      assert.is_not.equal(0, r.code)
+      assert.is_false(mb:exists("/etc/hostname"))
+      assert.is_nil(read_host(dir .. "/g"))
+      mb:stop()
+      os.execute("rm -rf " .. dir)
+    end)
+  end)
+
+  describe("files", function()
+    it("writes and reads bytes exactly, with a mode, creating parents", function()
+      local data = "a\0b\255" .. string.rep("z", 100000)
+      assert.is_true(sb:write("/app/x/y/f.bin", data, "0750"))
+      assert.equal(data, sb:read("/app/x/y/f.bin"))
+      assert.equal("750\n", sb:exec("stat -c %a /app/x/y/f.bin").stdout)
+      assert.equal(data, sb:read("x/y/f.bin"))        -- relative to the workdir
+    end)
+
+    it("makes, lists, tests and removes", function()
+      assert.is_true(sb:mkdir("/app/d/e/f"))
+      assert.is_true(sb:write("/app/d/file", "1"))
+      local names, types = sb:list("/app/d")
+      assert.same({ "e", "file" }, names)
+      assert.equal("d", types.e)
+      assert.equal("f", types.file)
+      assert.is_true(sb:exists("/app/d/e/f"))
+      assert.is_false(sb:exists("/app/d/nope"))
+      local ok, err = sb:remove("/app/d")
+      assert.is_nil(ok)
+      assert.equal("directory not empty", err)
+      assert.is_true(sb:remove("/app/d", { recursive = true }))
+      assert.is_false(sb:exists("/app/d"))
+    end)
+
+    it("fails with short messages", function()
+      assert.same({ nil, "no such file" }, { sb:read("/nope") })
+      assert.same({ nil, "is a directory" }, { sb:read("/app") })
+      assert.same({ nil, "no such file" }, { sb:remove("/nope") })
+      assert.same({ nil, "no such file" }, { sb:list("/nope") })
+      assert.same({ nil, "not a regular file" }, { sb:read("/dev/null") })
+      assert.has_error(function() sb:read("") end)
+      assert.has_error(function() sb:write("/x", 42) end)
+    end)
+
+    it("resolves symlinks and .. inside the sandbox through every file API", function()
+      local dir = host_tmpdir()
+      write_host(dir .. "/secret", "host secret")
+      assert(sb:exec("mkdir -p /app/esc /etc2 && ln -sfn " .. dir .. " /app/esc/dir && " ..
+        "ln -sfn " .. dir .. "/secret /app/esc/file && ln -sfn ../../../../../.. /app/esc/up"))
+      assert.same({ nil, "no such file" }, { sb:read("/app/esc/file") })
+      assert.same({ nil, "no such file" }, { sb:read("/app/esc/up" .. dir .. "/secret") })
+      assert.same({ nil, "no such file" }, { sb:read("/../../.." .. dir .. "/secret") })
+      assert.is_false(sb:exists("/app/esc/dir/secret"))
+      assert.is_nil((sb:list("/app/esc/dir")))
+      -- writes land inside the sandbox, never on the host
+      assert.same({ nil, "no such file" }, { sb:write("/app/esc/file", "x") })  -- dangling inside
+      assert.is_true(sb:mkdir(dir))
+      assert.is_true(sb:write("/app/esc/file", "written"))
+      assert.is_true(sb:write("/app/esc/up" .. dir .. "/new", "inside"))
+      assert.is_true(sb:mkdir("/app/esc/up" .. dir .. "/made"))
+      assert.equal("host secret", read_host(dir .. "/secret"))
+      assert.is_nil(read_host(dir .. "/new"))
+      assert.is_false(exists(dir .. "/made"))
+      assert.equal("written", sb:read(dir .. "/secret"))    -- the sandbox's own copy
+      -- remove through a symlinked parent removes inside
+      assert.is_true(sb:remove("/app/esc/up" .. dir, { recursive = true }))
+      assert.equal("host secret", read_host(dir .. "/secret"))
+      -- upload/download through symlinks stay inside too
+      assert(sb:exec("ln -sfn " .. dir .. " /app/esc/dir2"))
+      assert.is_true(sb:mkdir(dir))
+      local src = host_tmpdir()
+      write_host(src .. "/u", "up")
+      assert.is_true(sb:upload(src .. "/u", "/app/esc/dir2/u"))
+      assert.is_nil(read_host(dir .. "/u"))
+      assert.equal("up", sb:read(dir .. "/u"))
+      assert.is_nil(sb:download("/app/esc/dir2/secret", src .. "/got"))
+      assert.is_nil(read_host(src .. "/got"))
+      os.execute("rm -rf " .. dir .. " " .. src)
+    end)
+
+    it("streams 100 MB up and down without holding it in memory", function()
+      local dir = host_tmpdir()
+      assert(os.execute("head -c 100000000 /dev/urandom > " .. dir .. "/big"))
+      local function hwm()
+        return tonumber(read_host("/proc/self/status"):match("VmHWM:%s*(%d+)"))
+      end
+      local before = hwm()
+      assert.is_true(sb:upload(dir .. "/big", "/tmp/big"))
+      assert.equal("100000000\n", sb:exec("stat -c %s /tmp/big").stdout)
+      assert.is_true(sb:download("/tmp/big", dir .. "/back"))
+      assert.is_true(hwm() - before < 50 * 1024)        -- KiB: far below 100 MB
+      assert.is_true(os.execute("cmp -s " .. dir .. "/big " .. dir .. "/back"))
+      sb:remove("/tmp/big")
+      os.execute("rm -rf " .. dir)
+    end)
+
+    it("copies whole trees both ways", function()
+      local dir = host_tmpdir()
+      assert(os.execute("mkdir -p " .. dir .. "/t/a/b && echo 1 > " .. dir .. "/t/one && " ..
+        "echo 2 > " .. dir .. "/t/a/b/two && chmod 755 " .. dir .. "/t/one"))
+      assert.is_true(sb:upload(dir .. "/t", "/app/tree"))
+      assert.equal("2\n", sb:read("/app/tree/a/b/two"))
+      assert.equal("755\n", sb:exec("stat -c %a /app/tree/one").stdout)
+      assert.is_true(sb:download("/app/tree", dir .. "/back"))
+      assert.equal("", sh("diff -r " .. dir .. "/t " .. dir .. "/back"))
+      local none, err = sb:upload(dir .. "/missing", "/app/m")
+      assert.is_nil(none)
+      assert.matches("no such file", err)
+      os.execute("rm -rf " .. dir)
+    end)
+  end)
+
+  describe("limits", function()
+    it("reports an OOM kill and lives on", function()
+      local lb <close> = assert(sandbox.new { memory = "64M" })
+      local r = assert(lb:exec("python3 -c 'x = bytearray(512 << 20)'", { timeout = 60 }))
+      assert.is_true(r.oom)
+      assert.is_true(lb:alive())
+      assert.equal("ok\n", lb:exec("echo ok").stdout)
+    end)
+
+    it("holds a pids limit", function()
+      local lb <close> = assert(sandbox.new { pids = 20 })
+      local r = assert(lb:exec("for i in $(seq 40); do sleep 5 & done 2>&1; wait", { timeout = 30 }))
+      assert.matches("fork", r.stdout .. r.stderr)
+    end)
+
+    it("caps the writable layer at disk", function()
+      local lb <close> = assert(sandbox.new { disk = "16M" })
+      local r = assert(lb:exec("head -c 64000000 /dev/zero > /tmp/fill", { timeout = 30 }))
+      assert.is_not.equal(0, r.code)
+      assert.matches("No space left", r.stderr)
+      assert.same({ nil, "no space left" }, { lb:write("/tmp/more", string.rep("x", 32 << 20)) })
+    end)
+
+    it("applies a cpu quota", function()
+      local lb <close> = assert(sandbox.new { cpus = 0.5 })
+      local q = lb._box:info().cgroups
+      assert.is_true(#q >= 2)
+      local found = false
+      for _, cg in ipairs(q) do
+        local v = read_host(cg .. "/cpu.cfs_quota_us") or read_host(cg .. "/cpu.max")
+        if v and v:match("^50000") then found = true end
+      end
+      assert.is_true(found)
+    end)
+  end)
+
+  describe("lifecycle", function()
+    it("stops idempotently and leaves nothing behind", function()
+      local b = assert(sandbox.new {})
+      assert(b:exec("sleep 1000 >/dev/null 2>&1 &"))
+      local t = traces(b)
+      assert.is_true(exists(t.state))
+      assert.is_true(b:alive())
+      b:stop()
+      b:stop()
+      assert.is_false(b:alive())
+      assert.same({ nil, "closed" }, { b:exec("true") })
+      assert.same({ nil, "closed" }, { b:read("/etc/passwd") })
+      assert.is_true(eventually(function() return gone(t) end))
+      assert.equal("", sh("pgrep -f 'sleep 100[0]' || true"))
+    end)
+
+    it("returns a running exec when stopped", function()
+      local b = assert(sandbox.new {})
+      local t = traces(b)
+      local task = engine.spawn(function() return b:exec("sleep 30") end)
+      engine.sleep(0.3)
+      local t0 = engine.monotonic()
+      b:stop()
+      local ok, r = task:join()
+      assert.is_true(ok)
+      assert.equal(9, r.signal)
+      assert.is_true(engine.monotonic() - t0 < 5)
+      assert.is_true(eventually(function() return gone(t) end))
+    end)
+
+    it("stops at the end of a <close> scope and when collected", function()
+      local t
+      do
+        local b <close> = assert(sandbox.new {})
+        t = traces(b)
+      end
+      assert.is_true(eventually(function() return gone(t) end))
+      local b = assert(sandbox.new {})
+      t = traces(b)
+      b = nil
+      collectgarbage()
+      collectgarbage()
+      assert.is_true(eventually(function() return gone(t) end))
+    end)
+
+    it("records its state file", function()
+      local rec = require("engine.json").decode(read_host(traces(sb).state))
+      assert.equal(sb.id, rec.id)
+      assert.equal(core.getpid(), rec.owner_pid)
+      assert.equal("spec", rec.labels.suite)
+      assert.equal("host", rec.image)
+    end)
+
+    it("gives a free borrow guard to an unrestricted box, a FIFO lock otherwise", function()
+      do local g <close> = sb:borrow() end
+      local b = setmetatable({ restricted = true, id = "x" }, sandbox.Sandbox)
+      local order = {}
+      local g1 = b:borrow()
+      local t = engine.spawn(function()
+        local g <close> = b:borrow()
+        order[#order + 1] = "second"
+      end)
+      engine.sleep(0.05)
+      order[#order + 1] = "first"
+      getmetatable(g1).__close(g1)
+      t:join()
+      assert.same({ "first", "second" }, order)
+    end)
+  end)
+end)
