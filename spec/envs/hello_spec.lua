@@ -47,6 +47,30 @@ local function run_hello(out, argv, agent)
   return json.decode(table.concat(buf)), records
 end
 
+-- What `engine gc` would do for one killed engine: its sandboxes died with
+-- it (PDEATHSIG); remove their cgroups and state files.
+local function sweep(owner_pid)
+  local dir = sandbox.state_dir()
+  for _ = 1, 50 do
+    local left = 0
+    for name in lfs.dir(dir) do
+      local path = dir .. "/" .. name
+      local f = name:match("^sb%-.*%.json$") and io.open(path)
+      local d = f and json.safe_decode(f:read("a"))
+      if f then f:close() end
+      if type(d) == "table" and d.owner_pid == owner_pid then
+        for _, cg in ipairs(d.cgroups or {}) do lfs.rmdir(cg) end
+        local busy = false
+        for _, cg in ipairs(d.cgroups or {}) do busy = busy or lfs.attributes(cg) ~= nil end
+        if busy then left = left + 1 else os.remove(path) end
+      end
+    end
+    if left == 0 then return true end
+    engine.sleep(0.1)
+  end
+  return false
+end
+
 local function count_lines(path)
   local n, f = 0, io.open(path)
   if not f then return 0 end
@@ -163,6 +187,7 @@ describe("envs/hello", function()
     end
     child:kill(9)
     child:wait()
+    assert.is_true(sweep(child.pid))
     local before = count_lines(dir .. "/episodes.jsonl")
     assert.is_true(before >= 6)
     local r = proc.run({ engine_bin, "run", HELLO, "--resume", dir, "--json", "-q" }, { cwd = root, timeout = 120 })
