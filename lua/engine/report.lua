@@ -213,6 +213,7 @@ end
 
 function Progress:draw()
   if self.quiet or not self.tty then return end
+  self.last_draw = self.now()
   self.out:write("\r\27[K", self:line())
   self.out:flush()
 end
@@ -228,7 +229,10 @@ function Progress:episode(rec)
   if type(rec.reward) == "number" then self.reward_sum = self.reward_sum + rec.reward end
   if rec.error then self.errors = self.errors + 1 end
   if self.quiet then return end
-  if self.tty then return self:draw() end
+  if self.tty then
+    if self.done == self.total or self.now() - (self.last_draw or -1) >= 0.1 then self:draw() end
+    return
+  end
   local err = rec.error and (" " .. tostring(rec.error.kind) .. ": " .. tostring(rec.error.message)) or ""
   self.out:write(string.format("[%d/%s] %s reward=%s %s %s%s\n", self.done, self.total or "?",
     rec.id, rec.reward == nil and "-" or tostring(rec.reward), rec.status or "?",
