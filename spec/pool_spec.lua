@@ -55,7 +55,8 @@ describe("engine.pool", function()
     end
     p = nil
     -- and the kernel has reaped every one of them
-    assert.equal(live_before, settle_live(live_before))
+    local live = settle_live(live_before)
+    assert.is_true(live <= live_before, live .. " sandboxes live, " .. live_before .. " before")
   end)
 
   it("gives the same box back for the same key, files kept", function()
