@@ -1,6 +1,7 @@
 local engine = require "engine"
 local sync = require "engine.sync"
 local pool = require "engine.pool"
+local proc = require "engine.proc"
 
 local sandbox = require "engine.sandbox"
 
@@ -545,10 +546,7 @@ describe("engine.pool", function()
   describe("at engine exit", function()
     -- The engine binary running this spec.
     local function engine_bin()
-      local f = io.popen("readlink /proc/$PPID/exe")
-      local path = f:read("l")
-      f:close()
-      return path
+      return (proc.run("readlink /proc/$PPID/exe").stdout:gsub("%s+$", ""))
     end
 
     -- Runs `engine run` on a script in the background; `interrupt` sends SIGINT
@@ -564,9 +562,7 @@ describe("engine.pool", function()
         "cd %s && timeout 20 %s run s.lua 2>err & pid=$!; %s wait $pid; echo $?",
         dir, engine_bin(),
         interrupt and ("sleep " .. interrupt .. "; kill -INT $pid;") or "")
-      local p = io.popen(cmd)
-      local status = tonumber(p:read("a"):match("(%d+)%s*$"))
-      p:close()
+      local status = tonumber(proc.run(cmd, { timeout = 30 }).stdout:match("(%d+)%s*$"))
       local function slurp(name)
         local h = io.open(dir .. "/" .. name)
         if not h then return nil end
@@ -584,6 +580,7 @@ describe("engine.pool", function()
     local SCRIPT = [[
 local engine = require "engine"
 local pool = require "engine.pool"
+local proc = require "engine.proc"
 local sandbox = require "engine.sandbox"
 local p = pool.new { ttl = 600 }
 local real_stop = sandbox.Sandbox.stop
@@ -609,9 +606,7 @@ local f = io.open("parked", "w"); f:close()
     local function tagged(tag)
       local n
       for _ = 1, 30 do
-        local h = io.popen("pgrep -fc '[s]leep " .. tag .. "'")
-        n = tonumber(h:read("a"))
-        h:close()
+        n = tonumber(proc.run("pgrep -fc '[s]leep " .. tag .. "'").stdout)
         if n == 0 then break end
         engine.sleep(0.1)
       end

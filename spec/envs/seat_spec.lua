@@ -88,10 +88,11 @@ end
 local function overlap(a, b) return a.start < b.stop and b.start < a.stop end
 
 describe("envs/seat", function()
-  local out, boxes
+  local out, boxes, live_before
   before_each(function()
     out = tmpdir()
     boxes = {}
+    live_before = sandbox.live()
     runner.providers["local"] = tracking_provider(boxes)
   end)
   after_each(function()
@@ -100,6 +101,9 @@ describe("envs/seat", function()
     for _, sb in ipairs(boxes) do
       assert.is_false(sb:alive(), "a box is alive after the run: " .. sb.id)
     end
+    local deadline = engine.monotonic() + 5       -- and the kernel reaped them
+    while sandbox.live() > live_before and engine.monotonic() < deadline do engine.sleep(0.02) end
+    assert.is_true(sandbox.live() <= live_before, "sandboxes left behind")
   end)
 
   it("keeps each key's box across its turns, in order, with one prelude per box", function()
