@@ -1,0 +1,242 @@
+-- engine.sandbox against hostile commands (run as root): nothing a sandbox
+-- does may affect the host, the engine, or another sandbox.
+local engine = require "engine"
+local sandbox = require "engine.sandbox"
+local core = require "engine.sandbox.core"
+
+local function sh(cmd)
+  local f = assert(io.popen(cmd))
+  local out = f:read("a")
+  f:close()
+  return out
+end
+
+local function read_host(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write_host(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+local function eventually(cond, seconds)
+  local deadline = engine.monotonic() + (seconds or 5)
+  while engine.monotonic() < deadline do
+    if cond() then return true end
+    engine.sleep(0.02)
+  end
+  return cond()
+end
+
+-- Runs a Python snippet that makes one raw syscall; returns "ret errno".
+local function syscall_py(nr, args)
+  return "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); " ..
+    "print(l.syscall(" .. nr .. (args and (", " .. args) or "") .. "), ctypes.get_errno())'"
+end
+
+describe("a hostile sandbox", function()
+  local sb
+
+  setup(function()
+    sb = assert(sandbox.new { memory = "256M", pids = 200 })
+  end)
+
+  teardown(function()
+    if sb then sb:stop() end
+  end)
+
+  it("survives a fork bomb: the pids limit holds, the engine stays responsive", function()
+    local bomb <close> = assert(sandbox.new { pids = 64, memory = "256M" })
+    local t = engine.spawn(function()
+      return bomb:exec("bomb() { bomb | bomb & }; bomb", { timeout = 5 })
+    end)
+    -- the engine's own timers keep firing on time meanwhile
+    local worst = 0
+    for _ = 1, 10 do
+      local t0 = engine.monotonic()
+      engine.sleep(0.05)
+      worst = math.max(worst, engine.monotonic() - t0)
+    end
+    assert.is_true(worst < 1.0)
+    local cg = bomb._box:info().cgroups[2]
+    local pids = tonumber(read_host(cg .. "/pids.current"))
+    assert.is_true(pids <= 64)
+    local info = bomb._box:info()
+    bomb:stop()
+    local ok = t:join()
+    assert.is_true(ok)
+    assert.is_true(eventually(function() return core.host_stat("/proc/" .. info.pid .. "/stat") == nil end))
+  end)
+
+  it("gets a memory hog killed inside and reported", function()
+    local r = assert(sb:exec("python3 -c 'b = []\nwhile True: b.append(bytearray(1 << 24))'", { timeout = 60 }))
+    assert.is_true(r.oom)
+    assert.equal("ok\n", sb:exec("echo ok").stdout)
+  end)
+
+  it("fills only its own disk", function()
+    local db <close> = assert(sandbox.new { disk = "32M" })
+    local before = sh("df -k --output=avail / | tail -1")
+    local r = assert(db:exec("dd if=/dev/zero of=/tmp/fill bs=1M count=200", { timeout = 30 }))
+    assert.is_not.equal(0, r.code)
+    assert.matches("No space left", r.stderr)
+    local after = sh("df -k --output=avail / | tail -1")
+    assert.is_true(math.abs(tonumber(before) - tonumber(after)) < 20000)   -- KiB of noise
+    assert.equal("ok\n", db:exec("rm /tmp/fill; echo ok > /tmp/x; cat /tmp/x").stdout)
+  end)
+
+  it("has a CPU spin killed at its timeout", function()
+    local t0 = engine.monotonic()
+    local r = assert(sb:exec("while :; do :; done", { timeout = 1 }))
+    assert.is_true(r.timed_out)
+    assert.is_true(engine.monotonic() - t0 < 6)
+  end)
+
+  it("cannot mount, unshare or pivot", function()
+    local r = assert(sb:exec("mount -t tmpfs none /mnt 2>&1; echo rc=$?; unshare -m true 2>&1; echo rc=$?; " ..
+      "umount /proc 2>&1; echo rc=$?"))
+    assert.matches("rc=[1-9]", r.stdout)
+    assert.not_matches("rc=0", r.stdout)
+    assert.equal("tmpfs", sh("stat -f -c %T /proc/self/.. >/dev/null; echo tmpfs"):gsub("%s", ""))
+  end)
+
+  it("cannot make or find block devices", function()
+    local r = assert(sb:exec("mknod /tmp/sda b 8 0; echo rc=$?; find /dev -type b | wc -l"))
+    assert.matches("rc=1", r.stdout)
+    assert.matches("\n0\n$", r.stdout)
+  end)
+
+  it("cannot load kernel modules", function()
+    local r = assert(sb:exec(syscall_py(313, "-1, None, 0") .. "; " .. syscall_py(175, "None, 0, None")))
+    assert.equal("-1 1\n-1 1\n", r.stdout)                 -- EPERM twice
+  end)
+
+  it("cannot write /proc/sys or trigger sysrq", function()
+    local host = read_host("/proc/sys/kernel/domainname")
+    local r = assert(sb:exec("echo hacked > /proc/sys/kernel/domainname; echo rc=$?; " ..
+      "echo h > /proc/sysrq-trigger; echo rc=$?"))
+    assert.not_matches("rc=0", r.stdout)
+    assert.equal(host, read_host("/proc/sys/kernel/domainname"))
+  end)
+
+  it("cannot reboot", function()
+    -- LINUX_REBOOT_CMD_RESTART; inside a pid namespace it could at most end
+    -- the sandbox, and seccomp refuses it first.
+    local r = assert(sb:exec(syscall_py(169, "0xfee1dead, 672274793, 0x1234567, None")))
+    assert.equal("-1 1\n", r.stdout)
+    assert.is_true(sb:alive())
+  end)
+
+  it("cannot see, signal or ptrace host processes or its own pid 1", function()
+    local host_pid = core.getpid()
+    local r = assert(sb:exec("kill -0 " .. host_pid .. " 2>/dev/null; echo rc=$?; ls /proc | grep -c '^[0-9]'; " ..
+      "cat /proc/1/environ >/dev/null 2>&1; echo env=$?; " .. syscall_py(101, "16, 1, 0, 0")))
+    local lines = {}
+    for l in r.stdout:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal("rc=1", lines[1])
+    assert.is_true(tonumber(lines[2]) < 10)                -- only the sandbox's own
+    assert.equal("env=1", lines[3])
+    assert.equal("-1 1", lines[4])                          -- PTRACE_ATTACH to pid 1: EPERM
+  end)
+
+  it("kill -9 -1 touches neither the host nor another sandbox", function()
+    local other <close> = assert(sandbox.new {})
+    assert(other:exec("sleep 60 >/dev/null 2>&1 &"))
+    local host = engine.spawn(function() return require("engine.proc").run({ "sleep", "3" }) end)
+    engine.sleep(0.2)
+    local r = assert(sb:exec("sleep 60 & kill -9 -1; echo survived"))
+    assert.is_true(r.signal == 9 or r.stdout == "survived\n")
+    assert.is_true(sb:alive())
+    assert.equal("ok\n", sb:exec("echo ok").stdout)
+    assert.equal("1\n", other:exec("pgrep -c -x sleep").stdout)
+    local ok, res = host:join()
+    assert.is_true(ok)
+    assert.equal(0, res.code)                               -- the host's sleep ran to its end
+  end)
+
+  it("cannot read secrets in the checkout, /root or /tmp of the host", function()
+    local paths = { engine.root .. "/.sandbox-secret-" .. sb.id, "/root/.sandbox-secret-" .. sb.id,
+                    "/tmp/.sandbox-secret-" .. sb.id }
+    for _, p in ipairs(paths) do write_host(p, "TOPSECRET") end
+    local cmd = {}
+    for _, p in ipairs(paths) do cmd[#cmd + 1] = "cat " .. p .. " 2>/dev/null; echo rc=$?" end
+    local r = assert(sb:exec(table.concat(cmd, "; ") .. "; ls /work /home /run /var/tmp 2>/dev/null; " ..
+      "grep -rs TOPSECRET /root /tmp /home /run /var /mnt /srv /opt 2>/dev/null | head -1"))
+    for _, p in ipairs(paths) do
+      os.remove(p)
+      assert.is_nil(sb:read(p))
+    end
+    assert.not_matches("TOPSECRET", r.stdout)
+    assert.not_matches("rc=0", r.stdout)
+    assert.not_matches("main", r.stdout)                    -- no project checkout
+  end)
+
+  it("has no network egress in mode none, and fails fast", function()
+    local t0 = engine.monotonic()
+    local r = assert(sb:exec("python3 -c 'import socket; s = socket.socket(); s.settimeout(5); " ..
+      "print(s.connect_ex((\"1.1.1.1\", 80)))'; " ..
+      "python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); " ..
+      "print(s.connect_ex((\"8.8.8.8\", 53)))'", { timeout = 20 }))
+    assert.equal("101\n101\n", r.stdout)                    -- ENETUNREACH
+    assert.is_true(engine.monotonic() - t0 < 5)
+  end)
+
+  it("cannot escape through symlinks or .. in any file API", function()
+    local secret = "/tmp/.sandbox-escape-" .. sb.id
+    write_host(secret, "host")
+    assert(sb:exec("ln -s " .. secret .. " /tmp/l1; ln -s ../../../../.. /tmp/up"))
+    assert.is_nil(sb:read("/tmp/l1"))
+    assert.is_nil(sb:read("/tmp/up" .. secret))
+    assert.is_false(sb:exists("/tmp/up" .. secret))
+    assert.is_true(sb:write("/tmp/up/tmp/x", "in"))
+    sb:download("/tmp/l1", secret .. ".copy")          -- a symlink: never recreated
+    sb:download("/tmp/up" .. secret, secret .. ".copy")
+    sb:remove("/tmp/up" .. secret)
+    sb:remove("/tmp/l1")
+    assert.equal("host", read_host(secret))
+    assert.is_nil(read_host(secret .. ".copy"))
+    assert.is_nil(read_host("/tmp/x") == "in" and "escaped" or nil)
+    os.remove(secret)
+  end)
+
+  it("leaves no process running after stop, daemons included", function()
+    local b = assert(sandbox.new {})
+    assert(b:exec("setsid sh -c 'sleep 777 & sleep 777' >/dev/null 2>&1 < /dev/null &"))
+    engine.sleep(0.2)
+    assert.is_not.equal("", sh("pgrep -f 'sleep 77[7]' || true"))
+    b:stop()
+    assert.is_true(eventually(function() return sh("pgrep -f 'sleep 77[7]' || true") == "" end))
+  end)
+
+  it("returns a running exec when stopped, leaking nothing", function()
+    local b = assert(sandbox.new {})
+    local info = b._box:info()
+    local t = engine.spawn(function() return b:exec("sleep 555") end)
+    engine.sleep(0.3)
+    b:stop()
+    local ok, r = t:join()
+    assert.is_true(ok)
+    assert.equal(9, r.signal)
+    assert.is_true(eventually(function()
+      return sh("pgrep -f 'sleep 55[5]' || true") == "" and core.host_stat(info.cgroups[1]) == nil
+    end))
+  end)
+
+  it("keeps two sandboxes from seeing or signalling each other", function()
+    local a <close> = assert(sandbox.new {})
+    local b <close> = assert(sandbox.new {})
+    assert(b:exec("sleep 60 >/dev/null 2>&1 &"))
+    assert(b:write("/tmp/b-only", "b"))
+    local host_pid = tonumber(sh("pgrep -n -f 'sleep 6[0]'"))
+    local r = assert(a:exec("ps -eo comm | grep -c sleep; kill -9 " .. host_pid .. " 2>/dev/null; echo rc=$?; " ..
+      "ls /tmp/b-only 2>/dev/null; echo ls=$?"))
+    assert.equal("0\nrc=1\nls=2\n", r.stdout)
+    assert.equal("1\n", b:exec("pgrep -c -x sleep").stdout)
+  end)
+end)
