@@ -9,6 +9,7 @@ int luaopen_engine_proc(lua_State *L);
 int luaopen_engine_edit(lua_State *L);
 int luaopen_engine_archive(lua_State *L);
 int luaopen_engine_sandbox_core(lua_State *L);
+int luaopen_engine_trace_core(lua_State *L);
 
 
 
@@ -19,6 +20,7 @@ static const luaL_Reg modules[] = {
   {"engine.edit", luaopen_engine_edit},
   {"engine.archive", luaopen_engine_archive},
   {"engine.sandbox.core", luaopen_engine_sandbox_core},
+  {"engine.trace.core", luaopen_engine_trace_core},
 
   {NULL, NULL}
 };

@@ -1,0 +1,332 @@
+/*
+ * trace.c: the hot path of engine.trace (lua/engine/trace.lua). A trace
+ * event is encoded straight from its Lua table into a growable byte buffer,
+ * with no intermediate Lua strings, and the buffer is handed to the file
+ * writer as one string when it is flushed.
+ *
+ * The encoder writes compact JSON and never raises on odd values: functions,
+ * userdata and threads become "<function>" etc., a cycle becomes "<cycle>",
+ * NaN and infinities become null, json.null is null, and a table is an
+ * array when it carries json.array's metatable or has exactly the keys
+ * 1..n (n > 0); otherwise an object whose string and integer keys are kept.
+ *
+ *   core.configure(array_mt, null)     the json module's markers
+ *   core.encode(v) -> string
+ *   core.buffer() -> buf; buf:event(t, kind, data) -> bytes buffered;
+ *   buf:take() -> string (and empties it); buf:size(); buf:close()
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUFFER_MT "engine.TraceBuffer"
+#define MAX_DEPTH 100
+
+typedef struct sbuf {
+  char *data;
+  size_t len, cap;
+} sbuf;
+
+static int array_mt_ref = LUA_NOREF;
+static int null_ref = LUA_NOREF;
+
+/* ---- the byte buffer ------------------------------------------------------ */
+
+/* Makes room for n more bytes; raises on out of memory. */
+static void sb_reserve(lua_State *L, sbuf *b, size_t n) {
+  size_t cap;
+  char *p;
+  if (b->len + n <= b->cap) return;
+  cap = b->cap ? b->cap : 256;
+  while (cap < b->len + n) cap *= 2;
+  p = realloc(b->data, cap);
+  if (!p) luaL_error(L, "trace: out of memory");
+  b->data = p;
+  b->cap = cap;
+}
+
+static void sb_add(lua_State *L, sbuf *b, const char *s, size_t n) {
+  sb_reserve(L, b, n);
+  memcpy(b->data + b->len, s, n);
+  b->len += n;
+}
+
+static void sb_char(lua_State *L, sbuf *b, char c) {
+  sb_reserve(L, b, 1);
+  b->data[b->len++] = c;
+}
+
+static void sb_release(sbuf *b) {
+  free(b->data);
+  b->data = NULL;
+  b->len = b->cap = 0;
+}
+
+/* ---- the encoder ---------------------------------------------------------- */
+
+static void encode_value(lua_State *L, sbuf *b, int idx, int depth);
+
+/* A JSON string: quotes, backslashes and control bytes escaped; other
+ * bytes (UTF-8 included) copied as they are. */
+static void encode_string(lua_State *L, sbuf *b, const char *s, size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  size_t start = 0;
+  sb_reserve(L, b, n + 2);
+  sb_char(L, b, '"');
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    sb_add(L, b, s + start, i - start);
+    start = i + 1;
+    switch (c) {
+      case '"': sb_add(L, b, "\\\"", 2); break;
+      case '\\': sb_add(L, b, "\\\\", 2); break;
+      case '\n': sb_add(L, b, "\\n", 2); break;
+      case '\r': sb_add(L, b, "\\r", 2); break;
+      case '\t': sb_add(L, b, "\\t", 2); break;
+      default: {
+        char u[6] = { '\\', 'u', '0', '0', hex[c >> 4], hex[c & 15] };
+        sb_add(L, b, u, 6);
+      }
+    }
+  }
+  sb_add(L, b, s + start, n - start);
+  sb_char(L, b, '"');
+}
+
+static void encode_number(lua_State *L, sbuf *b, int idx) {
+  char num[64];
+  int n;
+  if (lua_isinteger(L, idx)) {
+    n = snprintf(num, sizeof num, LUA_INTEGER_FMT, lua_tointeger(L, idx));
+  } else {
+    lua_Number x = lua_tonumber(L, idx);
+    if (isnan(x) || isinf(x)) { sb_add(L, b, "null", 4); return; }
+    if (x == floor(x) && fabs(x) < 1e15) n = snprintf(num, sizeof num, "%.0f", x);
+    else n = snprintf(num, sizeof num, "%.14g", x);
+  }
+  sb_add(L, b, num, (size_t)n);
+}
+
+/* 1 if the table at idx has json.array's metatable. */
+static int marked_array(lua_State *L, int idx) {
+  int yes;
+  if (!lua_getmetatable(L, idx)) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, array_mt_ref);
+  yes = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return yes;
+}
+
+/* The length n if the table's keys are exactly 1..n (n > 0), else 0. */
+static lua_Integer array_length(lua_State *L, int idx) {
+  lua_Integer n = (lua_Integer)lua_rawlen(L, idx), count = 0;
+  if (n == 0) return 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > n) {
+      lua_pop(L, 1);
+      return 0;
+    }
+    count++;
+  }
+  return count == n ? n : 0;
+}
+
+static void encode_array(lua_State *L, sbuf *b, int idx, lua_Integer n, int depth) {
+  sb_char(L, b, '[');
+  for (lua_Integer i = 1; i <= n; i++) {
+    if (i > 1) sb_char(L, b, ',');
+    lua_rawgeti(L, idx, i);
+    encode_value(L, b, lua_gettop(L), depth + 1);
+    lua_pop(L, 1);
+  }
+  sb_char(L, b, ']');
+}
+
+/* An object: string keys as they are, integer keys as decimal strings;
+ * other keys are skipped. */
+static void encode_object(lua_State *L, sbuf *b, int idx, int depth) {
+  int first = 1;
+  sb_char(L, b, '{');
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    int kt = lua_type(L, -2);
+    if (kt == LUA_TSTRING || lua_isinteger(L, -2)) {
+      size_t n;
+      const char *k;
+      if (!first) sb_char(L, b, ',');
+      first = 0;
+      lua_pushvalue(L, -2);
+      k = lua_tolstring(L, -1, &n);          /* a copy: the real key stays intact */
+      encode_string(L, b, k, n);
+      lua_pop(L, 1);
+      sb_char(L, b, ':');
+      encode_value(L, b, lua_gettop(L), depth + 1);
+    }
+    lua_pop(L, 1);
+  }
+  sb_char(L, b, '}');
+}
+
+/* Tables being encoded live in a "seen" set at stack index 1 of the
+ * encoding call (see with_seen), so cycles are cut. */
+static void encode_table(lua_State *L, sbuf *b, int idx, int depth) {
+  lua_Integer n;
+  if (depth > MAX_DEPTH) { sb_add(L, b, "\"<deep>\"", 8); return; }
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, 1) != LUA_TNIL) { lua_pop(L, 1); sb_add(L, b, "\"<cycle>\"", 9); return; }
+  lua_pop(L, 1);
+  lua_pushvalue(L, idx);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, 1);
+  luaL_checkstack(L, 8, "trace: too deep");
+  if (marked_array(L, idx)) encode_array(L, b, idx, (lua_Integer)lua_rawlen(L, idx), depth);
+  else if ((n = array_length(L, idx)) > 0) encode_array(L, b, idx, n, depth);
+  else encode_object(L, b, idx, depth);
+  lua_pushvalue(L, idx);
+  lua_pushnil(L);
+  lua_rawset(L, 1);
+}
+
+static int is_null(lua_State *L, int idx) {
+  int yes;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, null_ref);
+  yes = lua_rawequal(L, -1, idx);
+  lua_pop(L, 1);
+  return yes;
+}
+
+static void encode_value(lua_State *L, sbuf *b, int idx, int depth) {
+  size_t n;
+  const char *s;
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL: sb_add(L, b, "null", 4); break;
+    case LUA_TBOOLEAN:
+      if (lua_toboolean(L, idx)) sb_add(L, b, "true", 4);
+      else sb_add(L, b, "false", 5);
+      break;
+    case LUA_TNUMBER: encode_number(L, b, idx); break;
+    case LUA_TSTRING:
+      s = lua_tolstring(L, idx, &n);
+      encode_string(L, b, s, n);
+      break;
+    case LUA_TTABLE: encode_table(L, b, idx, depth); break;
+    default:
+      if (is_null(L, idx)) { sb_add(L, b, "null", 4); break; }
+      sb_char(L, b, '"');
+      sb_char(L, b, '<');
+      s = luaL_typename(L, idx);
+      sb_add(L, b, s, strlen(s));
+      sb_add(L, b, ">\"", 2);
+  }
+}
+
+/* ---- the Lua API ----------------------------------------------------------- */
+
+static int l_configure(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checkany(L, 2);
+  luaL_unref(L, LUA_REGISTRYINDEX, array_mt_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, null_ref);
+  lua_pushvalue(L, 1);
+  array_mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 2);
+  null_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+static sbuf *check_buffer(lua_State *L) {
+  sbuf *b = luaL_checkudata(L, 1, BUFFER_MT);
+  return b;
+}
+
+/* core.encode(v) -> string. The scratch buffer is a userdata, so it is
+ * freed even when encoding raises (out of memory). [-0, +1, m] */
+static int l_encode(lua_State *L) {
+  sbuf *b;
+  luaL_checkany(L, 1);
+  lua_settop(L, 1);
+  lua_newtable(L);                                   /* seen */
+  lua_insert(L, 1);                                  /* [seen, v] */
+  b = lua_newuserdatauv(L, sizeof *b, 0);
+  memset(b, 0, sizeof *b);
+  luaL_setmetatable(L, BUFFER_MT);
+  encode_value(L, b, 2, 0);
+  lua_pushlstring(L, b->data ? b->data : "", b->len);
+  sb_release(b);
+  return 1;
+}
+
+/* buf:event(t, kind, data) -> bytes buffered. Appends the line
+ * {"t":T,"kind":K,"data":D}\n. */
+static int l_event(lua_State *L) {
+  sbuf *b = check_buffer(L);
+  size_t n;
+  const char *kind = luaL_checklstring(L, 3, &n);
+  luaL_checknumber(L, 2);
+  lua_settop(L, 4);
+  lua_newtable(L);                                   /* seen, at index 1 */
+  lua_insert(L, 1);                                  /* [seen, buf, t, kind, data] */
+  sb_add(L, b, "{\"t\":", 5);
+  encode_number(L, b, 3);
+  sb_add(L, b, ",\"kind\":", 8);
+  encode_string(L, b, kind, n);
+  sb_add(L, b, ",\"data\":", 8);
+  encode_value(L, b, 5, 0);
+  sb_add(L, b, "}\n", 2);
+  lua_pushinteger(L, (lua_Integer)b->len);
+  return 1;
+}
+
+/* buf:take() -> everything buffered, as one string; the buffer empties. */
+static int l_take(lua_State *L) {
+  sbuf *b = check_buffer(L);
+  lua_pushlstring(L, b->data ? b->data : "", b->len);
+  b->len = 0;
+  if (b->cap > (1 << 20)) sb_release(b);
+  return 1;
+}
+
+static int l_size(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)check_buffer(L)->len);
+  return 1;
+}
+
+static int l_release(lua_State *L) {
+  sb_release(check_buffer(L));
+  return 0;
+}
+
+static int l_buffer(lua_State *L) {
+  sbuf *b = lua_newuserdatauv(L, sizeof *b, 0);
+  memset(b, 0, sizeof *b);
+  luaL_setmetatable(L, BUFFER_MT);
+  return 1;
+}
+
+static const luaL_Reg buffer_methods[] = {
+  {"event", l_event}, {"take", l_take}, {"size", l_size}, {"close", l_release}, {NULL, NULL}
+};
+
+static const luaL_Reg funcs[] = {
+  {"configure", l_configure}, {"encode", l_encode}, {"buffer", l_buffer}, {NULL, NULL}
+};
+
+int luaopen_engine_trace_core(lua_State *L) {
+  if (luaL_newmetatable(L, BUFFER_MT)) {
+    luaL_newlib(L, buffer_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_release);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_release);
+    lua_setfield(L, -2, "__close");
+  }
+  lua_pop(L, 1);
+  luaL_newlib(L, funcs);
+  return 1;
+}
