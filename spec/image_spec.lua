@@ -28,9 +28,15 @@ local function sh(cmd)
   assert(ok, "command failed: " .. cmd)
 end
 
+-- The store lives on /dev/shm (tmpfs) when there is one: the sandbox's
+-- "host" lower is the host's "/" itself, and overlayfs refuses a lower
+-- layer that sits inside another ("overlapping lowerdir path") until the
+-- sandbox mounts the host view as an overlay of its own.
+local TMP_BASE = archive.stat("/dev/shm") and "/dev/shm" or "/tmp"
+
 local tmp, store
 local function fresh_store()
-  tmp = assert(archive.mkdtemp("/tmp/engine-image-spec-"))
+  tmp = assert(archive.mkdtemp(TMP_BASE .. "/engine-image-spec-"))
   store = assert(layers.open(tmp .. "/store"))
   image.use_store(tmp .. "/store")
 end
@@ -548,7 +554,7 @@ describe("sandboxes on images", function()
 
   it("builds every supported instruction and runs on the result", function()
     local ctx = context_copy()
-    local sb <close> = sandbox.new { image = { dockerfile = ctx .. "/Dockerfile", context = ctx, quiet = true } }
+    local sb <close> = assert(sandbox.new { image = { dockerfile = ctx .. "/Dockerfile", context = ctx, quiet = true } })
     local r = sb:exec("pwd; id -u; id -g; echo $MODE $LEGACY $APP_HOME; cat /opt/app/greeting.txt; " ..
       "cat /var/fixture/builder; ls /opt/app/sub; cat /opt/vendor/lib/v.txt /etc/fixture/conf.d/a.conf")
     assert.equal(0, r.code, r.stderr)
@@ -557,8 +563,8 @@ describe("sandboxes on images", function()
     local own = sb:exec("stat -c '%u:%g %a' /etc/fixture/settings.ini")
     assert.equal("1000:1000 640\n", own.stdout)
     -- a spec's own workdir and env win over the image's
-    local sb2 <close> = sandbox.new { image = { dockerfile = ctx .. "/Dockerfile", context = ctx, quiet = true },
-                                      workdir = "/tmp", env = { MODE = "mine" } }
+    local sb2 <close> = assert(sandbox.new { image = { dockerfile = ctx .. "/Dockerfile", context = ctx, quiet = true },
+                                             workdir = "/tmp", env = { MODE = "mine" } })
     assert.equal("/tmp mine\n", sb2:exec("echo $(pwd) $MODE").stdout)
   end)
 
@@ -574,7 +580,7 @@ describe("sandboxes on images", function()
 
   it("runs a command in an imported archive and honours its whiteouts", function()
     local tarball = docker_save(tmp)
-    local sb <close> = sandbox.new { image = "archive:" .. tarball }
+    local sb <close> = assert(sandbox.new { image = "archive:" .. tarball })
     local r = sb:exec({ "/bin/sh", "-c", "cat /etc/keep.txt /etc/link.txt; ls /opaque; " ..
       "test -e /etc/gone.txt || echo gone; echo $FROM_ARCHIVE; pwd" })
     assert.equal(0, r.code, r.stderr)

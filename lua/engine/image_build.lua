@@ -456,12 +456,12 @@ end
 -- layer is fs. Returns the exec result or nil, err.
 function M.run_in_sandbox(b, fs, argv, env, stdin)
   local sandbox = require "engine.sandbox"
-  local ok, sb = pcall(sandbox.new, {
+  local ok, sb, serr = pcall(sandbox.new, {
     image = { layers = copy_table(b.layers), config = b.config },
     upper_dir = fs, network = b.network, workdir = b.config.workdir,
     env = env, user = b.config.user, labels = { build = b.short },
   })
-  if not ok or not sb then return nil, tostring(sb) end
+  if not ok or not sb then return nil, "build sandbox: " .. tostring(ok and serr or sb) end
   local res <close> = setmetatable({}, { __close = function() sb:stop() end })
   local r, err = sb:exec(argv, { stdin = stdin, timeout = b.timeout, max_output = 1 << 20 })
   if not r then return nil, err end
