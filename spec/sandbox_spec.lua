@@ -427,4 +427,77 @@ describe("engine.sandbox", function()
       assert.same({ "first", "second" }, order)
     end)
   end)
+
+  describe("engine ps and engine gc", function()
+    local exe = sh("readlink /proc/" .. core.getpid() .. "/exe"):gsub("%s+$", "")
+    local proc = require "engine.proc"
+
+    it("clean up after an engine killed with SIGKILL", function()
+      local state = host_tmpdir()
+      local script = state .. "/victim.lua"
+      write_host(script, [[
+        local sandbox = require "engine.sandbox"
+        local a = assert(sandbox.new { labels = { role = "victim" } })
+        local b = assert(sandbox.new { ttl = 3600 })
+        assert(a:exec("sleep 888 >/dev/null 2>&1 &"))
+        assert(b:exec("sleep 888 >/dev/null 2>&1 &"))
+        io.stdout:write(a._box:info().pid, " ", b._box:info().pid, "\n")
+        io.stdout:flush()
+        require("engine").sleep(3600)
+      ]])
+      local env = "ENGINE_STATE_DIR=" .. state .. " "
+      local p = assert(proc.spawn({ "sh", "-c", env .. "exec " .. exe .. " run " .. script }))
+      local line = p:read()
+      local pa, pb = line:match("(%d+) (%d+)")
+      assert.is_not_nil(pa)
+      local ps = sh(env .. exe .. " ps")
+      assert.matches("role=victim", ps)
+      assert.equal(3, select(2, ps:gsub("\n", "")))
+      p:kill(9)
+      p:wait()
+      -- pid 1 of each sandbox dies with the engine, and everything inside with it
+      assert.is_true(eventually(function()
+        return not exists("/proc/" .. pa .. "/stat") and not exists("/proc/" .. pb .. "/stat") and
+               sh("pgrep -f 'sleep 88[8]' || true") == ""
+      end))
+      assert.matches("%(dead%)", sh(env .. exe .. " ps"))
+      local recs = {}
+      for _, name in ipairs(core.host_list(state .. "/sandboxes")) do
+        if name:match("%.json$") then
+          recs[#recs + 1] = require("engine.json").decode(read_host(state .. "/sandboxes/" .. name))
+        end
+      end
+      assert.equal(2, #recs)
+      local out = sh(env .. exe .. " gc")
+      assert.equal(2, select(2, out:gsub("removed", "")))
+      for _, rec in ipairs(recs) do
+        for _, cg in ipairs(rec.cgroups) do assert.is_false(exists(cg)) end
+      end
+      assert.same({ "mnt" }, core.host_list(state .. "/sandboxes"))
+      assert.matches("nothing to remove", sh(env .. exe .. " gc"))
+      p:close()
+      os.execute("rm -rf " .. state)
+    end)
+
+    it("removes sandboxes past their ttl, and leaves live ones alone", function()
+      local state = host_tmpdir()
+      local env = "ENGINE_STATE_DIR=" .. state .. " "
+      local script = state .. "/ttl.lua"
+      write_host(script, [[
+        local engine = require "engine"
+        local sandbox = require "engine.sandbox"
+        local keep = assert(sandbox.new {})
+        local old = assert(sandbox.new { ttl = 0.5 })
+        engine.sleep(1)
+        local removed = sandbox.gc()
+        io.stdout:write(#removed, " ", removed[1] == old.id and "old" or "?", " ",
+          tostring(keep:alive()), " ", tostring(old:alive()), "\n")
+      ]])
+      local r = assert(proc.run({ "sh", "-c", env .. "exec " .. exe .. " run " .. script }, { timeout = 60 }))
+      assert.equal("1 old true false\n", r.stdout)
+      assert.equal("", r.stderr)
+      assert.same({ "mnt" }, core.host_list(state .. "/sandboxes"))
+      os.execute("rm -rf " .. state)
+    end)
+  end)
 end)

@@ -723,6 +723,15 @@ static int l_getpid(lua_State *L) {
   return 1;
 }
 
+/* core.kill(pid, sig) -> true | nil, err (for engine gc) */
+static int l_kill(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  luaL_argcheck(L, pid > 1, 1, "refusing to signal this pid");
+  if (kill(pid, (int)luaL_optinteger(L, 2, SIGKILL)) < 0) return eng_fail(L, strerror(errno));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static const luaL_Reg box_methods[] = {
   {"wait_ready", m_wait_ready}, {"start", m_start}, {"open", m_open},
   {"mkdir", m_mkdir}, {"remove", m_remove}, {"list", m_list}, {"stat", m_stat},
@@ -731,7 +740,7 @@ static const luaL_Reg box_methods[] = {
 
 static const luaL_Reg core_funcs[] = {
   {"create", l_create}, {"cgroup_bases", l_cgroup_bases}, {"live", l_live},
-  {"getpid", l_getpid}, {NULL, NULL}
+  {"getpid", l_getpid}, {"kill", l_kill}, {NULL, NULL}
 };
 
 int luaopen_engine_sandbox_core(lua_State *L) {

@@ -149,7 +149,7 @@ static char type_of(mode_t m) {
   return S_ISDIR(m) ? 'd' : S_ISREG(m) ? 'f' : S_ISLNK(m) ? 'l' : 'o';
 }
 
-/* host_stat(path) -> type ("d"/"f"/"l"/"o"), size, mode | nil, err */
+/* host_stat(path) -> type ("d"/"f"/"l"/"o"), size, mode, mtime | nil, err */
 static int host_stat(lua_State *L) {
   struct stat st;
   if (lstat(luaL_checkstring(L, 1), &st) < 0) return fail_errno(L, errno);
@@ -157,7 +157,8 @@ static int host_stat(lua_State *L) {
   lua_pushlstring(L, &t, 1);
   lua_pushinteger(L, st.st_size);
   lua_pushinteger(L, st.st_mode & 07777);
-  return 3;
+  lua_pushinteger(L, st.st_mtime);
+  return 4;
 }
 
 /* host_list(path) -> {name, ...} | nil, err */

@@ -26,8 +26,10 @@ local START_TIMEOUT = 30
 
 -- ---- the state directory ------------------------------------------------------
 
+-- Where live sandboxes are recorded: ENGINE_STATE_DIR/sandboxes, else
+-- /run/engine/sandboxes (gone at reboot, like the sandboxes themselves).
 function M.state_dir()
-  return os.getenv("ENGINE_STATE_DIR") or "/run/engine"
+  return (os.getenv("ENGINE_STATE_DIR") or "/run/engine") .. "/sandboxes"
 end
 
 local function ensure_state_dir()
@@ -443,6 +445,114 @@ end
 Sandbox.__close = Sandbox.stop
 Sandbox.__gc = Sandbox.stop
 Sandbox.__name = "engine.Sandbox"
+
+-- ---- bookkeeping: engine ps / engine gc --------------------------------------------
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- True if pid is a live engine process.
+local function engine_alive(pid)
+  local cmdline = pid and read_file("/proc/" .. math.tointeger(pid) .. "/cmdline")
+  return cmdline ~= nil and cmdline:find("engine", 1, true) ~= nil
+end
+
+-- Bytes used by the sandbox's memory cgroup, or nil.
+local function cgroup_memory(rec)
+  for _, cg in ipairs(rec.cgroups or {}) do
+    local v = read_file(cg .. "/memory.usage_in_bytes") or read_file(cg .. "/memory.current")
+    if v then return tonumber(v) end
+  end
+end
+
+-- sandbox.records() -> every recorded sandbox: {id, labels, owner_pid, pid,
+-- created_at, ttl, image, cgroups, file, owner_alive, memory}
+function M.records()
+  local dir, out = M.state_dir(), {}
+  for _, name in ipairs(core.host_list(dir) or {}) do
+    if name:match("^sb%-%x+%.json$") then
+      local rec = json.safe_decode(read_file(dir .. "/" .. name) or "")
+      if type(rec) == "table" and type(rec.id) == "string" then
+        rec.file = dir .. "/" .. name
+        rec.owner_alive = engine_alive(rec.owner_pid)
+        rec.memory = cgroup_memory(rec)
+        out[#out + 1] = rec
+      end
+    end
+  end
+  table.sort(out, function(a, b) return (a.created_at or 0) < (b.created_at or 0) end)
+  return out
+end
+
+-- Kills every process of a cgroup and removes it; true once it is gone.
+local function remove_cgroup(path, wait)
+  local deadline = engine.monotonic() + (wait or 2)
+  repeat
+    if not core.host_stat(path) then return true end
+    for pid in (read_file(path .. "/cgroup.procs") or ""):gmatch("%d+") do
+      core.kill(math.tointeger(tonumber(pid)), 9)
+    end
+    if os.remove(path) then return true end
+    engine.sleep(0.02)
+  until engine.monotonic() > deadline
+  return false
+end
+
+local function sweep_record(rec)
+  if rec.pid and rec.pid > 1 then
+    local cg = read_file("/proc/" .. math.tointeger(rec.pid) .. "/cgroup") or ""
+    if cg:find("/engine/" .. rec.id, 1, true) then core.kill(math.tointeger(rec.pid), 9) end
+  end
+  local ok = true
+  for _, path in ipairs(rec.cgroups or {}) do ok = remove_cgroup(path) and ok end
+  if rec.upper_dir then core.host_rmtree(rec.upper_dir .. ".work") end
+  if ok then os.remove(rec.file) end
+  return ok
+end
+
+-- Empty engine/<id> groups with no state file, older than a minute (a
+-- sandbox being created right now has its group before its state file).
+local function sweep_orphans(known, now, removed)
+  for _, base in ipairs(core.cgroup_bases()) do
+    for _, name in ipairs(core.host_list(base) or {}) do
+      local path = base .. "/" .. name
+      local t, _, _, mtime = core.host_stat(path)
+      if name:match("^sb%-%x+$") and t == "d" and known[name] ~= true and now - (mtime or now) > 60 and
+         (read_file(path .. "/cgroup.procs") or "x") == "" and os.remove(path) and not known[name] then
+        removed[#removed + 1] = name
+        known[name] = "orphan"
+      end
+    end
+  end
+end
+
+-- sandbox.gc{all = false} -> ids removed, ids that could not be (yet).
+-- Removes what dead engines left (state files, cgroups, processes) and
+-- every sandbox past its ttl; with all = true, every recorded sandbox.
+function M.gc(opts)
+  opts = opts or {}
+  local removed, failed, known, now = {}, {}, {}, engine.now()
+  for _, rec in ipairs(M.records()) do
+    known[rec.id] = true
+    local expired = rec.ttl and rec.created_at and rec.created_at + rec.ttl < now
+    if opts.all or not rec.owner_alive or expired then
+      local list = sweep_record(rec) and removed or failed
+      list[#list + 1] = rec.id
+    end
+  end
+  local dir = M.state_dir()
+  for _, name in ipairs(core.host_list(dir) or {}) do
+    local _, _, _, mtime = core.host_stat(dir .. "/" .. name)
+    if name:match("%.json%.tmp$") and now - (mtime or now) > 60 then os.remove(dir .. "/" .. name) end
+  end
+  sweep_orphans(known, now, removed)
+  return removed, failed
+end
 
 -- sandbox.live() -> sandboxes of this engine not yet fully cleaned up
 function M.live()
