@@ -9,6 +9,9 @@
  * NaN and infinities become null, json.null is null, and a table is an
  * array when it carries json.array's metatable or has exactly the keys
  * 1..n (n > 0); otherwise an object whose string and integer keys are kept.
+ * Tables nested deeper than SEEN_DEPTH are tracked in a registry set, so a
+ * cycle is cut there; a raised error (out of memory) may leave marks in that
+ * set, which only makes a later deep table print as "<cycle>".
  *
  *   core.configure(array_mt, null)     the json module's markers
  *   core.encode(v) -> string
@@ -24,6 +27,7 @@
 
 #define BUFFER_MT "engine.TraceBuffer"
 #define MAX_DEPTH 100
+#define SEEN_DEPTH 16
 
 typedef struct sbuf {
   char *data;
@@ -32,6 +36,7 @@ typedef struct sbuf {
 
 static int array_mt_ref = LUA_NOREF;
 static int null_ref = LUA_NOREF;
+static int seen_ref = LUA_NOREF;
 
 /* ---- the byte buffer ------------------------------------------------------ */
 
@@ -105,8 +110,11 @@ static void encode_number(lua_State *L, sbuf *b, int idx) {
   } else {
     lua_Number x = lua_tonumber(L, idx);
     if (isnan(x) || isinf(x)) { sb_add(L, b, "null", 4); return; }
-    if (x == floor(x) && fabs(x) < 1e15) n = snprintf(num, sizeof num, "%.0f", x);
-    else n = snprintf(num, sizeof num, "%.14g", x);
+    if (x == floor(x) && fabs(x) < 9.2e18) n = snprintf(num, sizeof num, "%.0f", x);
+    else {                                  /* shortest of 14 or 17 digits that round-trips */
+      n = snprintf(num, sizeof num, "%.14g", x);
+      if (strtod(num, NULL) != x) n = snprintf(num, sizeof num, "%.17g", x);
+    }
   }
   sb_add(L, b, num, (size_t)n);
 }
@@ -173,24 +181,34 @@ static void encode_object(lua_State *L, sbuf *b, int idx, int depth) {
   sb_char(L, b, '}');
 }
 
-/* Tables being encoded live in a "seen" set at stack index 1 of the
- * encoding call (see with_seen), so cycles are cut. */
+/* Marks (on = 1) or unmarks the table at idx in the registry's "seen" set;
+ * with on = 1 returns 1 if it was already there (a cycle). */
+static int seen_mark(lua_State *L, int idx, int on) {
+  int was;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, seen_ref);
+  lua_pushvalue(L, idx);
+  was = lua_rawget(L, -2) != LUA_TNIL;
+  lua_pop(L, 1);
+  if (on && was) { lua_pop(L, 1); return 1; }
+  lua_pushvalue(L, idx);
+  if (on) lua_pushboolean(L, 1); else lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  return 0;
+}
+
+/* Shallow tables are encoded without cycle tracking (a cycle is cut, at
+ * worst, SEEN_DEPTH levels down); deeper ones go through the seen set. */
 static void encode_table(lua_State *L, sbuf *b, int idx, int depth) {
   lua_Integer n;
+  int tracked = depth >= SEEN_DEPTH;
   if (depth > MAX_DEPTH) { sb_add(L, b, "\"<deep>\"", 8); return; }
-  lua_pushvalue(L, idx);
-  if (lua_rawget(L, 1) != LUA_TNIL) { lua_pop(L, 1); sb_add(L, b, "\"<cycle>\"", 9); return; }
-  lua_pop(L, 1);
-  lua_pushvalue(L, idx);
-  lua_pushboolean(L, 1);
-  lua_rawset(L, 1);
+  if (tracked && seen_mark(L, idx, 1)) { sb_add(L, b, "\"<cycle>\"", 9); return; }
   luaL_checkstack(L, 8, "trace: too deep");
   if (marked_array(L, idx)) encode_array(L, b, idx, (lua_Integer)lua_rawlen(L, idx), depth);
   else if ((n = array_length(L, idx)) > 0) encode_array(L, b, idx, n, depth);
   else encode_object(L, b, idx, depth);
-  lua_pushvalue(L, idx);
-  lua_pushnil(L);
-  lua_rawset(L, 1);
+  if (tracked) seen_mark(L, idx, 0);
 }
 
 static int is_null(lua_State *L, int idx) {
@@ -251,12 +269,10 @@ static int l_encode(lua_State *L) {
   sbuf *b;
   luaL_checkany(L, 1);
   lua_settop(L, 1);
-  lua_newtable(L);                                   /* seen */
-  lua_insert(L, 1);                                  /* [seen, v] */
   b = lua_newuserdatauv(L, sizeof *b, 0);
   memset(b, 0, sizeof *b);
   luaL_setmetatable(L, BUFFER_MT);
-  encode_value(L, b, 2, 0);
+  encode_value(L, b, 1, 0);
   lua_pushlstring(L, b->data ? b->data : "", b->len);
   sb_release(b);
   return 1;
@@ -270,14 +286,12 @@ static int l_event(lua_State *L) {
   const char *kind = luaL_checklstring(L, 3, &n);
   luaL_checknumber(L, 2);
   lua_settop(L, 4);
-  lua_newtable(L);                                   /* seen, at index 1 */
-  lua_insert(L, 1);                                  /* [seen, buf, t, kind, data] */
   sb_add(L, b, "{\"t\":", 5);
-  encode_number(L, b, 3);
+  encode_number(L, b, 2);
   sb_add(L, b, ",\"kind\":", 8);
   encode_string(L, b, kind, n);
   sb_add(L, b, ",\"data\":", 8);
-  encode_value(L, b, 5, 0);
+  encode_value(L, b, 4, 0);
   sb_add(L, b, "}\n", 2);
   lua_pushinteger(L, (lua_Integer)b->len);
   return 1;
@@ -327,6 +341,10 @@ int luaopen_engine_trace_core(lua_State *L) {
     lua_setfield(L, -2, "__close");
   }
   lua_pop(L, 1);
+  if (seen_ref == LUA_NOREF) {
+    lua_newtable(L);
+    seen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   luaL_newlib(L, funcs);
   return 1;
 }

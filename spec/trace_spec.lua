@@ -148,6 +148,36 @@ describe("engine.trace", function()
     assert.is_nil(trace.read("/proc/no/such/dir"))
   end)
 
+  it("encodes JSON that decodes back, with arrays, null, escapes and odd values", function()
+    local v = { s = "a\"b\\c\n\t\1é/", n = 3, f = 0.5, big = 2 ^ 53, neg = -7, yes = true, no = false,
+      list = { 1, "two", { x = 1 } }, empty = json.array(), obj = {}, null = json.null,
+      sparse = { [1] = "a", [3] = "c" }, [5] = "five" }
+    local back = json.decode(trace.encode(v))
+    assert.equal(v.s, back.s)
+    assert.equal(3, back.n)
+    assert.equal(0.5, back.f)
+    assert.equal(2 ^ 53, back.big)
+    assert.equal(-7, back.neg)
+    assert.is_true(back.yes)
+    assert.is_false(back.no)
+    assert.same({ 1, "two", { x = 1 } }, back.list)
+    assert.matches('"empty":%[%]', trace.encode(v))
+    assert.matches('"obj":{}', trace.encode(v))
+    assert.equal(json.null, back.null)
+    assert.equal("a", back.sparse["1"])
+    assert.equal("c", back.sparse["3"])
+    assert.equal("five", back["5"])
+    assert.equal("null", trace.encode(0 / 0))
+    assert.equal("null", trace.encode(math.huge))
+    assert.equal('"<function>"', trace.encode(print))
+    local deep = {}
+    local cur = deep
+    for _ = 1, 200 do cur.x = {}; cur = cur.x end
+    assert.matches("<deep>", trace.encode(deep))
+    local shared = { 1 }
+    assert.equal('{"a":[1],"b":[1]}', trace.encode({ a = shared, b = shared }):gsub('"b":%[1%],"a":%[1%]', '"a":[1],"b":[1]'))
+  end)
+
   it("writes 20,000 events quickly (buffered per episode)", function()
     local run = assert(trace.open(dir, {}))
     local ep = run:episode({ id = "big" })

@@ -22,6 +22,9 @@
 -- events are buffered per episode (64 KiB) and flushed at finish.
 local json = require "engine.json"
 local lfs = require "lfs"
+local core = require "engine.trace.core"
+
+core.configure(json.array_mt, json.null)
 
 local M = {}
 
@@ -63,12 +66,8 @@ local function plain(v, seen)
 end
 M.plain = plain
 
--- json.encode that never raises on odd values.
-function M.encode(v)
-  local ok, s = pcall(json.encode, v)
-  if ok then return s end
-  return json.encode(plain(v))
-end
+-- JSON that never raises on odd values (see engine/trace.c).
+M.encode = core.encode
 
 -- Reads a JSONL file: list of decoded lines, and the number of lines skipped
 -- (a torn last line, or garbage).
@@ -220,7 +219,7 @@ function Run:episode(meta)
   meta = meta or {}
   local id = safe_id(meta.id or meta.key or ("episode-" .. tostring(#self.records_list + 1)))
   local ep = setmetatable({ run = self, id = id, key = meta.key or id, meta = meta,
-    buf = {}, bytes = 0, started = os.time(), clock = os.clock(),
+    buf = core.buffer(),
     nodes = {}, node_count = 0, edges = {}, fresh = true }, Episode)
   ep.t0 = meta.t0 or M.now()
   self.open_eps[ep] = true
@@ -238,26 +237,21 @@ end
 -- Writes the buffered events; the first flush of an episode truncates its
 -- trace file (a resumed episode starts over).
 function Episode:flush()
-  if #self.buf == 0 then return end
+  if self.buf:size() == 0 then return end
   local path = self.run.dir .. "/traces/" .. self.id .. ".jsonl"
   local f = io.open(path, self.fresh and "wb" or "ab")
   if not f then return end
-  f:setvbuf("full", 1 << 20)
-  f:write(table.concat(self.buf))
+  f:setvbuf("no")
+  f:write(self.buf:take())
   f:close()
   self.fresh = false
-  self.buf, self.bytes = {}, 0
 end
 
 -- ep:event(kind, data): one trace line.
 function Episode:event(kind, data)
   if type(kind) ~= "string" then error("trace: event kind must be a string", 2) end
   if self.finished then error("trace: episode already finished", 2) end
-  local line = M.encode({ t = M.now() - self.t0, kind = kind, data = data }) .. "\n"
-  local n = #self.buf + 1
-  self.buf[n] = line
-  self.bytes = self.bytes + #line
-  if self.bytes >= FLUSH_BYTES then self:flush() end
+  if self.buf:event(M.now() - self.t0, kind, data) >= FLUSH_BYTES then self:flush() end
 end
 
 local function check_node(self, id, what)
@@ -327,6 +321,7 @@ function Episode:finish(record)
   self:event("finish", { reward = record.reward, status = record.status, error = record.error })
   self.finished = true
   self:flush()
+  self.buf:close()
   self.run.open_eps[self] = nil
   self.run:append_record(record)
   return record
@@ -338,6 +333,7 @@ function Episode:abandon(reason)
   self:event("interrupted", { reason = reason })
   self.finished = true
   self:flush()
+  self.buf:close()
   self.run.open_eps[self] = nil
 end
 
