@@ -5,7 +5,20 @@ local engine = require "engine"
 local proc = require "engine.proc"
 local sync = require "engine.sync"
 
-local baseline = arg[1] or (engine.root .. "/build/bench/proc_baseline")
+-- The baseline: arg[1], else build/bench/ under engine.root, else the bench/
+-- directory next to the running engine binary.
+local function find_baseline()
+  if arg[1] then return arg[1] end
+  local path = engine.root .. "/build/bench/proc_baseline"
+  local f = io.open(path)
+  if f then f:close() return path end
+  local stat = assert(io.open("/proc/self/stat"))
+  local pid = stat:read("n")
+  stat:close()
+  local exe = assert(io.popen("readlink /proc/" .. pid .. "/exe")):read("l") or ""
+  return (exe:match("^(.*)/[^/]*$") or ".") .. "/bench/proc_baseline"
+end
+local baseline = find_baseline()
 local n = tonumber(arg[2]) or 1000
 
 local function rate_of(fn)

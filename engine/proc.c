@@ -846,8 +846,10 @@ static int do_spawn(lua_State *L, const spawn_req *r) {
 }
 
 /* proc.spawn(cmd, opts) -> Process, or nil, "spawn: <strerror>".
- * opts: cwd, env (replaces the whole environment), stdin (a string fed to
- * the child, then stdin is closed; absent: stdin is a pipe for p:write). */
+ * opts: cwd, env (replaces the whole environment: nothing is inherited;
+ * an argv[0] without a slash is still looked up in the engine's own PATH),
+ * stdin (a string fed to the child, then stdin is closed; absent: stdin is
+ * a pipe for p:write). */
 static int l_spawn(lua_State *L) {
   spawn_req r;
   size_t n = 0;
