@@ -380,6 +380,60 @@ describe("engine.runner", function()
     assert.equal(2, json.decode(stdout).episodes)
   end)
 
+  it("resumes from the run directory alone (engine run --resume RUN_DIR)", function()
+    local path = out .. "/env.lua"
+    local f = io.open(path, "w")
+    f:write([[
+      local env = require "engine.env"
+      return env.define { name = "fake", sandbox = { provider = "fake" },
+        tasks = { { id = "a", solution = "write /out a" }, { id = "b", solution = "write /out b" } },
+        score = function(ctx) return ctx.sandbox:read("/out") == ctx.task.id end }
+    ]])
+    f:close()
+    local env_table = dofile(path)
+    local so0 = io.stdout
+    io.stdout = sink()
+    local code = runner.main(env_table, path, { "-n", "1", "--out", out .. "/runs", "-q" })
+    io.stdout = so0
+    assert.equal(0, code)
+    local dir = only_run(out .. "/runs")
+    local so = io.stdout
+    local buf = {}
+    io.stdout = { write = function(self, ...) for _, s in ipairs({ ... }) do buf[#buf + 1] = s end return self end, flush = function() end }
+    local ok, c = pcall(runner.resume_command, { "--resume", dir, "-n", "2", "-q", "--json" })
+    io.stdout = so
+    assert(ok, c)
+    assert.equal(0, c)
+    local s = json.decode(table.concat(buf))
+    assert.equal(2, s.episodes)
+    assert.equal(1, s.mean_reward)
+    local se = io.stderr
+    io.stderr = sink()
+    assert.equal(1, runner.resume_command({ "--resume", out .. "/nope" }))
+    assert.equal(2, runner.resume_command({ "--resume" }))
+    io.stderr = se
+  end)
+
+  it("engine show prints the summary of a run, or fails in one line", function()
+    run(basic_env(), { "-r", "2", "--out", out, "-q" })
+    local dir = only_run(out)
+    local show = require "engine.cmd.show"
+    local so, se = io.stdout, io.stderr
+    local o, e = sink(), sink()
+    io.stdout, io.stderr = o, e
+    local c1 = show({ dir })
+    local c2 = show({ dir, "--json" })
+    local c3 = show({ out .. "/missing" })
+    local c4 = show({})
+    local c5 = show({ "--bogus" })
+    io.stdout, io.stderr = so, se
+    assert.same({ 0, 0, 1, 2, 2 }, { c1, c2, c3, c4, c5 })
+    assert.matches("episodes     10 (5 tasks, 10 scored)", o.text(), 1, true)
+    assert.matches("pass@2 1.000", o.text(), 1, true)
+    assert.matches('"episodes":10', o.text(), 1, true)
+    assert.matches("not a run directory", e.text(), 1, true)
+  end)
+
   it("refuses to resume a run of another env", function()
     run(basic_env(), { "-n", "1", "--out", out, "-q" })
     local dir = only_run(out)

@@ -699,6 +699,13 @@ local function join_workers(st)
   end
 end
 
+local function absolute(path)
+  if path:sub(1, 1) == "/" then return path end
+  local ok, lfs = pcall(require, "lfs")
+  local cwd = ok and lfs.currentdir()
+  return cwd and (cwd .. "/" .. path) or path
+end
+
 local function open_run(st, env_path, args)
   local c = st.config
   local prior = c.prior
@@ -719,7 +726,7 @@ local function open_run(st, env_path, args)
   local command = { "engine", "run", env_path }
   for _, a in ipairs(args) do command[#command + 1] = a end
   local run, err = trace.open(st.dir, { id = st.run_id, command = command, argv = argv,
-    env = { name = st.env.name, file = env_path, hash = file_hash(env_path) },
+    env = { name = st.env.name, file = env_path, path = absolute(env_path), hash = file_hash(env_path) },
     agent = c.agent, started_at = prior and prior.started_at or st.session.started_at,
     status = "running", config = plain_config(c), sessions = st.sessions })
   if not run then return nil, err end
@@ -805,6 +812,30 @@ function M.execute(env_table, env_path, args, config, agent)
   if st.fatal then say(first_line(st.fatal)); return 1 end
   if status == "interrupted" then return 128 + (engine.signal() or 2) end
   return 0
+end
+
+-- `engine run --resume RUN_DIR [flags]`: finds the env the run used (from
+-- run.json), loads it and resumes. -> exit status
+function M.resume_command(argv)
+  local dir = argv[1] == "--resume" and argv[2] or (argv[1] or ""):match("^%-%-resume=(.+)$")
+  if not dir then say("run: --resume needs a RUN_DIR"); return 2 end
+  local meta, err = trace.read(dir)
+  if not meta then say(err); return 1 end
+  local env = type(meta.env) == "table" and meta.env or {}
+  local path = env.path or env.file
+  if type(path) ~= "string" then say(dir .. "/run.json: no env file recorded"); return 1 end
+  local f = io.open(path)
+  if not f and env.file then path = env.file; f = io.open(path) end
+  if not f then say(dir .. ": the run's env file " .. tostring(path) .. " is gone"); return 1 end
+  f:close()
+  local chunk, lerr = loadfile(path)
+  if not chunk then say(lerr); return 1 end
+  local ok, env_table = pcall(chunk)
+  if not ok then say(first_line(env_table)); return 1 end
+  if type(env_table) ~= "table" or not env_table.is_env then say(path .. ": not an environment"); return 1 end
+  local args = { "--resume", dir }
+  for i = argv[1] == "--resume" and 3 or 2, #argv do args[#args + 1] = argv[i] end
+  return M.main(env_table, path, args)
 end
 
 -- What engine.play shares with the runner: one episode's building blocks.
