@@ -136,7 +136,9 @@ describe("agent llm", function()
     os.execute("rm -rf " .. dir)
   end)
 
-  it("runs through `engine run ENV --agent llm` with the key only in the environment", function()
+  -- Runs `engine run ARGS... --agent llm` against the scripted model with
+  -- the key only in the environment; checks the run directory.
+  local function run_cli(args)
     srv:script{
       call("bash", { command = "printf 'Hello, Terminal-Bench!\\n' > /app/greeting.txt" }),
       call("bash", { command = "chmod 0444 /app/greeting.txt" }),
@@ -147,14 +149,19 @@ describe("agent llm", function()
     local exe = proc.run({ "readlink", "/proc/" .. pid .. "/exe" }).stdout:gsub("%s+$", "")
     local out = os.tmpname()
     os.remove(out)
-    local r = proc.run({ exe, "run", engine.root .. "/spec/fixtures/http/llm_env.lua", "--agent", "llm",
-      "--model", "scripted", "--base-url", srv.url .. "/v1", "--api-key-env", "ENGINE_SPEC_KEY",
-      "--out", out, "-q", "--max-turns", "5" },
-      { timeout = 120, env = { ENGINE_SPEC_KEY = KEY, PATH = os.getenv("PATH"), HOME = os.getenv("HOME") } })
+    local argv = { exe, "run" }
+    for _, a in ipairs(args) do argv[#argv + 1] = a end
+    for _, a in ipairs{ "--agent", "llm", "--model", "scripted", "--base-url", srv.url .. "/v1",
+                        "--api-key-env", "ENGINE_SPEC_KEY", "--out", out, "-q", "--max-turns", "5" } do
+      argv[#argv + 1] = a
+    end
+    local r = proc.run(argv, { timeout = 120,
+      env = { ENGINE_SPEC_KEY = KEY, PATH = os.getenv("PATH"), HOME = os.getenv("HOME") } })
     local ok, err = pcall(function()
       assert.equal(0, r.code, r.stdout .. r.stderr)
+      assert.equal(3, #srv:requests())
       assert.equal("Bearer " .. KEY, srv:requests()[1].headers.authorization)
-      local all = proc.run({ "sh", "-c", "cat " .. out .. "/*/*.json* " .. out .. "/*/traces/*" }).stdout
+      local all = proc.run({ "sh", "-c", "cat " .. out .. "/*/*.json* " .. out .. "/*/traces/*.jsonl" }).stdout
       assert.matches('"reward":1', all)
       assert.matches('"kind":"tool_result"', all)
       assert.matches('"role":"assistant"', all)
@@ -164,6 +171,15 @@ describe("agent llm", function()
     end)
     os.execute("rm -rf " .. out)
     assert(ok, err)
+  end
+
+  it("runs through `engine run ENV --agent llm` with the key only in the environment", function()
+    run_cli{ engine.root .. "/spec/fixtures/http/llm_env.lua" }
+  end)
+
+  it("solves examples/tbench2 hello-file through envs/tbench2.lua --agent llm", function()
+    run_cli{ engine.root .. "/envs/tbench2.lua", "--tasks", engine.root .. "/examples/tbench2",
+             "-t", "hello-file" }
   end)
 
   it("records every model call as a node and every tool call as events", function()
