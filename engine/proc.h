@@ -13,10 +13,17 @@
  * Lua methods on the returned userdata ("engine.Process"):
  *   p.pid, p:write(s), p:close_stdin(), p:read([n]), p:lines(),
  *   p:read_stderr([n]), p:wait([timeout]) -> result, p:kill([sig]),
- *   p:communicate{stdin=, timeout=, max_output=} -> result,
- *   __gc / __close: kill the group with SIGKILL, close the fds, never block.
+ *   p:communicate{stdin=, timeout=, max_output=} -> result, p:close(),
+ *   __gc / __close: kill the group with SIGKILL, close the fds, never block
+ *   (p:close and __close wake tasks waiting on p with nil, "closed").
+ * wait/communicate capture what nobody has read of stdout/stderr (up to
+ * max_output each, default 16 MiB; the rest is drained and dropped) until
+ * the exit is reported and both outputs hit EOF; on timeout or when the
+ * waiting task is cancelled they kill the group with SIGKILL (a timeout then
+ * finishes as soon as the exit is reported, without waiting for EOF).
+ * communicate feeds opts.stdin or closes stdin first; wait leaves stdin be.
  * result = {code, signal, stdout, stderr, timed_out, truncated, duration
- *           [, oom = true]}.
+ *           [, oom = true]}; duration runs from eng_proc_push to the exit.
  */
 #ifndef ENGINE_PROC_H
 #define ENGINE_PROC_H
