@@ -65,14 +65,14 @@ end
 local Play = {}
 Play.__index = Play
 
--- Provisions a box and runs setup; the box goes into self.box.
+-- Provisions a box and runs setup; the box goes into self._box.
 function Play:_bring_up()
   local ctx = self.ctx
-  local r = runner.run_phase(ctx.timeouts.provision, R.provision, self.st, ctx)
+  local r = runner.run_phase(ctx.timeouts.provision, R.provision, self._st, ctx)
   if not r.ok then fail("provision: " .. (r.timeout and "timed out" or R.first_line(r.err))) end
-  self.box = r.values[1]
-  ctx.sandbox = runner.traced_sandbox(self.box.sb, ctx.trace)
-  ctx.trace:event("sandbox", self.box.runtime)
+  self._box = r.values[1]
+  ctx.sandbox = runner.traced_sandbox(self._box.sb, ctx.trace)
+  ctx.trace:event("sandbox", self._box.runtime)
   if self.env.setup then
     r = runner.run_phase(ctx.timeouts.setup, self.env.setup, ctx)
     if not r.ok then fail("setup: " .. (r.timeout and "timed out" or R.first_line(r.err))) end
@@ -80,8 +80,8 @@ function Play:_bring_up()
 end
 
 function Play:_bring_down(broken)
-  if self.box then R.release(self.st, self.box, broken) end
-  self.box = nil
+  if self._box then R.release(self._st, self._box, broken) end
+  self._box = nil
 end
 
 -- A sandbox handle that always means the current box (reset() swaps it).
@@ -108,7 +108,7 @@ function M.start(env_path, opts)
   if not config then fail(err) end
   config.agent, config.out = "human", opts.out or config.out
   local task = find_task(env_table, config, opts.task)
-  local self = setmetatable({ env = env_table, task = task, config = config, out = opts.print or print }, Play)
+  local self = setmetatable({ env = env_table, task = task, _config = config, _out = opts.print or print }, Play)
   local run_id = R.new_run_id(env_table.name)
   local dir = config.out .. "/" .. run_id
   local hash = runner.hash_value(task)
@@ -116,13 +116,13 @@ function M.start(env_path, opts)
     argv = {}, env = { name = env_table.name, file = path, hash = R.file_hash(path) }, agent = "human",
     started_at = engine.now(), status = "running", config = { rollouts = 1 } })
   if not run then fail(terr) end
-  self.run, self.run_dir, self.started = run, dir, engine.now()
+  self._run, self.run_dir, self._started = run, dir, engine.now()
   local ep = run:episode({ key = task.id .. ":0:" .. hash, id = task.id .. ".human", task = task.id,
     task_hash = hash, rollout = 0, agent = "human" })
   ep:event("task", { id = task.id, prompt = task.prompt })
-  self.st = { env = env_table, path = path, config = config, run_id = run_id, dir = dir,
+  self._st = { env = env_table, path = path, config = config, run_id = run_id, dir = dir,
     usage = { created = 0, seconds = 0 }, agent = agents.get("human") }
-  self.ctx = R.new_ctx(self.st, { task = task, rollout = 0, worker = 1 }, ep, 1)
+  self.ctx = R.new_ctx(self._st, { task = task, rollout = 0, worker = 1 }, ep, 1)
   self.ctx.play = true
   local ok, berr = pcall(in_task, self._bring_up, self)
   if not ok then
@@ -135,32 +135,32 @@ function M.start(env_path, opts)
   self.sh = function(cmd, o) return self:_sh(cmd, o) end
   self.score = function() return self:_score() end
   self.reset = function() return self:_reset() end
-  if task.prompt then self.out("task " .. task.id .. ": " .. task.prompt) end
+  if task.prompt then self._out("task " .. task.id .. ": " .. task.prompt) end
   return self
 end
 
 -- sh(cmd): prints stdout, stderr and "[exit N]"; returns nothing (use
 -- sb:exec for the result table).
 function Play:_sh(cmd, o)
-  if self.finished then error("play: session finished", 2) end
+  if self._finished then error("play: session finished", 2) end
   local r = in_task(function()
-    return self.ctx.sandbox:exec(cmd, { timeout = (o and o.timeout) or self.config.command_timeout or 600 })
+    return self.ctx.sandbox:exec(cmd, { timeout = (o and o.timeout) or self._config.command_timeout or 600 })
   end)
-  if type(r) ~= "table" then self.out("error: " .. tostring(r)); return end
-  if r.stdout and r.stdout ~= "" then self.out((r.stdout:gsub("\n$", ""))) end
-  if r.stderr and r.stderr ~= "" then self.out((r.stderr:gsub("\n$", ""))) end
-  self.out(string.format("[exit %s%s]", tostring(r.code), r.timed_out and ", timed out" or ""))
+  if type(r) ~= "table" then self._out("error: " .. tostring(r)); return end
+  if r.stdout and r.stdout ~= "" then self._out((r.stdout:gsub("\n$", ""))) end
+  if r.stderr and r.stderr ~= "" then self._out((r.stderr:gsub("\n$", ""))) end
+  self._out(string.format("[exit %s%s]", tostring(r.code), r.timed_out and ", timed out" or ""))
 end
 
 -- Runs the scorer -> reward, rewards (and prints them); nil, err on failure.
 function Play:_score(quiet)
-  if self.finished then error("play: session finished", 2) end
+  if self._finished then error("play: session finished", 2) end
   local ctx = self.ctx
   local r = in_task(runner.run_phase, ctx.timeouts.score, self.env.score, ctx)
   if not r.ok then
     local msg = r.timeout and "score timed out" or R.first_line(r.err)
     ctx.trace:event("error", { kind = "score_error", phase = "score", message = msg })
-    if not quiet then self.out("score failed: " .. msg) end
+    if not quiet then self._out("score failed: " .. msg) end
     return nil, msg
   end
   local v, detail = r.values[1], r.values[2]
@@ -173,42 +173,42 @@ function Play:_score(quiet)
     local parts = {}
     for k, x in pairs(rewards or {}) do parts[#parts + 1] = k .. "=" .. tostring(x) end
     table.sort(parts)
-    self.out("reward " .. tostring(v) .. (#parts > 0 and (" (" .. table.concat(parts, ", ") .. ")") or ""))
+    self._out("reward " .. tostring(v) .. (#parts > 0 and (" (" .. table.concat(parts, ", ") .. ")") or ""))
   end
   return v, rewards
 end
 
 -- reset(): stops the box and brings up a fresh one, set up again.
 function Play:_reset()
-  if self.finished then error("play: session finished", 2) end
+  if self._finished then error("play: session finished", 2) end
   self.ctx.trace:event("reset", {})
-  self.resets = (self.resets or 0) + 1
+  self._resets = (self._resets or 0) + 1
   self:_bring_down(false)
   in_task(self._bring_up, self)
-  self.out("fresh sandbox " .. tostring(self.box and self.box.runtime.id))
+  self._out("fresh sandbox " .. tostring(self._box and self._box.runtime.id))
 end
 
 -- play:finish() -> record: scores the final state, stops the sandbox,
 -- writes the episode and closes the run. Idempotent.
 function Play:finish()
-  if self.finished then return self.record end
+  if self._finished then return self._record end
   local reward, rewards = nil, nil
-  if self.box then reward, rewards = self:_score(true) end
+  if self._box then reward, rewards = self:_score(true) end
   local err
-  local runtime = self.box and self.box.runtime or nil
-  if self.box and reward == nil then err = { kind = "score_error", message = "final score failed" } end
+  local runtime = self._box and self._box.runtime or nil
+  if self._box and reward == nil then err = { kind = "score_error", message = "final score failed" } end
   in_task(self._bring_down, self, false)
-  self.finished = true
+  self._finished = true
   self.ctx.sandbox = nil
-  self.record = self.ctx.trace:finish({ reward = reward, rewards = rewards, status = err and "error" or "ok",
-    error = err, attempt = 1, agent = "human", resets = self.resets, started_at = self.started,
-    ended_at = engine.now(), duration = engine.now() - self.started,
+  self._record = self.ctx.trace:finish({ reward = reward, rewards = rewards, status = err and "error" or "ok",
+    error = err, attempt = 1, agent = "human", resets = self._resets, started_at = self._started,
+    ended_at = engine.now(), duration = engine.now() - self._started,
     runtime = runtime })
-  self.run:close({ status = "done", ended_at = engine.now(),
-    sessions = { { started_at = self.started, ended_at = engine.now(), status = "done", episodes = 1,
-      sandboxes = self.st.usage } } })
-  self.out("session recorded in " .. self.run_dir)
-  return self.record
+  self._run:close({ status = "done", ended_at = engine.now(),
+    sessions = { { started_at = self._started, ended_at = engine.now(), status = "done", episodes = 1,
+      sandboxes = self._st.usage } } })
+  self._out("session recorded in " .. self.run_dir)
+  return self._record
 end
 
 return M

@@ -172,7 +172,7 @@ describe("envs/hello", function()
     local rec = p:finish()
     assert.equal(1, rec.reward)
     assert.equal("human", rec.agent)
-    assert.is_nil(p.box)
+    assert.is_nil(p._box)
   end)
 
   it("engine run: SIGKILL halfway, --resume: same episode count, no duplicates", function()
