@@ -257,6 +257,21 @@ describe("agent llm", function()
     assert.equal("error: unknown tool nope", b[4].messages[#b[4].messages].content)
   end)
 
+  it("passes a dead sandbox up to the runner instead of feeding it to the model", function()
+    srv:script{ call("bash", { command = "true" }), call("submit", {}) }
+    local dead = { exec = function() error({ kind = "infra_error", message = "sandbox: gone" }, 0) end }
+    local agent = llm.new(config())
+    local ok, err = pcall(agent.act, agent, ctx_for(nil, { sandbox = dead }))
+    assert.is_false(ok)
+    assert.equal("infra_error", err.kind)
+    srv:reset()
+    srv:script{ call("bash", { command = "true" }), call("submit", {}) }
+    local broken = { exec = function() error("exec exploded\nwith a traceback") end }
+    local r = llm.new(config()):act(ctx_for(nil, { sandbox = broken }))
+    assert.equal("submitted", r.status)
+    assert.matches("^error: .*exec exploded$", bodies()[2].messages[4].content)
+  end)
+
   it("compacts on context overflow, then stops cleanly if it still overflows", function()
     local overflow = { status = 400, json = { error = { message = "maximum context length exceeded",
       code = "context_length_exceeded" } } }

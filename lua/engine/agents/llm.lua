@@ -116,6 +116,7 @@ local function bash(ep, args)
   if r.timed_out then parts[#parts + 1] = string.format("[the command timed out after %g s and was killed]", limit) end
   if (r.stdout or "") ~= "" then parts[#parts + 1] = "stdout:\n" .. r.stdout end
   if (r.stderr or "") ~= "" then parts[#parts + 1] = "stderr:\n" .. r.stderr end
+  if r.truncated then parts[#parts + 1] = "[the sandbox cut the output short]" end
   return M.truncate(table.concat(parts, "\n"), ep.s.max_output), { exit_code = r.code, timed_out = r.timed_out or nil }
 end
 
@@ -147,15 +148,17 @@ end
 
 function TOOLS.submit() return "submitted" end
 
--- Runs one tool call; its errors (even a raised one) become the result text.
+-- Runs one tool call; its errors become the result text, except
+-- cancellation and typed errors ({kind = ...}: a dead sandbox), which the
+-- runner must see.
 local function run_tool(ep, call)
   local fn = TOOLS[call.name]
   if not fn then return "error: unknown tool " .. tostring(call.name) end
   if not call.arguments then return "error: " .. (call.error or "bad arguments") end
   local ok, out, extra = pcall(fn, ep, call.arguments)
   if ok then return out, extra end
-  if engine.is_cancel(out) then error(out, 0) end
-  return "error: " .. (type(out) == "table" and tostring(out.message) or tostring(out)), nil
+  if engine.is_cancel(out) or (type(out) == "table" and out.kind) then error(out, 0) end
+  return "error: " .. tostring(out):match("^[^\n]*"), nil
 end
 
 -- ---- the episode ------------------------------------------------------------
