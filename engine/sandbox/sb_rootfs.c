@@ -155,18 +155,33 @@ static int build_mask(const sb_config *cfg, const char *mask) {
 
 /* ---- the overlay ------------------------------------------------------- */
 
+/* The host's lower for image "host": "mask:/" when it is the only layer.
+ * Stacked under other layers it must first become an overlay of its own
+ * (t/host): overlayfs refuses a lower layer inside another lower's tree,
+ * and image layers usually live somewhere under the host's "/". */
+static int host_lower(const sb_config *cfg, const char *t, char *out, size_t len) {
+  char opts[PATH_MAX + 32];
+  if (build_mask(cfg, "mask") < 0) return -1;
+  if (cfg->nlayers == 1) return snprintf(out, len, "%s/mask:/", t) >= (int)len ? -1 : 0;
+  snprintf(opts, sizeof opts, "lowerdir=%s/mask:/", t);
+  if (mkdir("host", 0755) < 0 || mount("overlay", "host", "overlay", MS_RDONLY, opts) < 0)
+    return -1;
+  return snprintf(out, len, "%s/host", t) >= (int)len ? -1 : 0;
+}
+
 /* Builds "lowerdir=...,upperdir=...,workdir=..." into opts. */
 static int overlay_opts(const sb_config *cfg, const char *t, char *opts,
                         size_t len, char *msg, size_t msglen) {
+  char host[PATH_MAX + 16];
   size_t n = (size_t)snprintf(opts, len, "lowerdir=");
   for (int i = 0; i < cfg->nlayers && n < len; i++) {
     const char *l = cfg->layers[i];
     if (!strcmp(l, "host")) {
-      if (build_mask(cfg, "mask") < 0) FAIL(msg, msglen, "cannot build the host mask layer");
-      n += (size_t)snprintf(opts + n, len - n, "%s%s/mask:/", i ? ":" : "", t);
-    } else {
-      n += (size_t)snprintf(opts + n, len - n, "%s%s", i ? ":" : "", l);
+      if (host_lower(cfg, t, host, sizeof host) < 0)
+        FAIL(msg, msglen, "cannot build the host lower layer (%s)", strerror(errno));
+      l = host;
     }
+    n += (size_t)snprintf(opts + n, len - n, "%s%s", i ? ":" : "", l);
   }
   if (n < len && *cfg->upper_dir)
     n += (size_t)snprintf(opts + n, len - n, ",upperdir=%s,workdir=%s.work",
@@ -213,6 +228,13 @@ static int ensure_dir(const char *path, mode_t mode) {
     if (unlink(path) < 0) return -1;
   }
   return mkdir(path, mode) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* /tmp as a sticky world-writable directory (no copy-up if it already is). */
+static int ensure_tmp(void) {
+  struct stat st;
+  if (ensure_dir("/tmp", 01777) < 0 || stat("/tmp", &st) < 0) return -1;
+  return (st.st_mode & 07777) == 01777 ? 0 : chmod("/tmp", 01777);
 }
 
 /* mkdir -p, resolved inside the root (called after pivot_root). */
@@ -368,8 +390,7 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
   if (enter_root() < 0) FAIL(msg, msglen, "cannot pivot into the sandbox root");
   if (mount_dev() < 0) FAIL(msg, msglen, "cannot set up /dev");
   if (mount_proc() < 0) FAIL(msg, msglen, "cannot set up /proc");
-  if (ensure_dir("/tmp", 01777) < 0 || chmod("/tmp", 01777) < 0)
-    FAIL(msg, msglen, "cannot create /tmp");
+  if (ensure_tmp() < 0) FAIL(msg, msglen, "cannot create /tmp");
   if (mkdir_p(cfg->workdir, 0755) < 0)
     FAIL(msg, msglen, "cannot create workdir %s", cfg->workdir);
   if (attach_mounts(cfg, trees) < 0) FAIL(msg, msglen, "cannot attach a bind mount");
