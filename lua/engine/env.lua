@@ -44,7 +44,8 @@
 --
 -- ctx, what every hook receives:
 --   ctx.task      the task table
---   ctx.sandbox   the sandbox (every exec and file transfer is traced)
+--   ctx.sandbox   the sandbox (every exec and file transfer is traced);
+--                 ctx.borrowed is true when the pool handed out a used box
 --   ctx.agent     the agent object (ctx.agent:act(ctx)); ctx.agent.name
 --   ctx.trace     the episode: ctx.trace:event(kind, data), ctx.trace:node{...},
 --                 ctx.trace:save(name, data) (a file in the episode's trace

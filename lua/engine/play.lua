@@ -133,7 +133,7 @@ function M.start(env_path, opts)
   end
   self.sb = stable_sandbox(self)
   self.sh = function(cmd, o) return self:_sh(cmd, o) end
-  self.score = function() return self:_score() end
+  self.score = function() return (self:_score()) end
   self.reset = function() return self:_reset() end
   if task.prompt then self._out("task " .. task.id .. ": " .. task.prompt) end
   return self

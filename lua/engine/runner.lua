@@ -451,7 +451,7 @@ local function attempt(st, out)
     st.live = st.live - 1
     cleanup(st, out, box, e)
   end })
-  ctx.sandbox = M.traced_sandbox(box.sb, ctx.trace)
+  ctx.sandbox, ctx.borrowed = M.traced_sandbox(box.sb, ctx.trace), box.runtime.borrowed
   ctx.trace:event("sandbox", box.runtime)
   if st.env.setup then
     r = phase(out, "setup", st.env.setup, ctx)
@@ -769,6 +769,10 @@ function M.main(env_table, env_path, args)
   if config.help then io.stdout:write(envlib.help(env_table, env_path)); return 0 end
   err = check_config(config)
   if err then say("run: " .. err); return 2 end
+  if config.agent == "human" then
+    say("run: the human agent plays in the REPL: engine repl " .. tostring(env_path) .. " --task NAME")
+    return 2
+  end
   local agent
   agent, err = agents.get(config.agent, config)
   if not agent then say(err); return 2 end
