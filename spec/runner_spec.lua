@@ -308,6 +308,15 @@ describe("engine.runner", function()
     assert.equal(2, records[1].attempt)
   end)
 
+  it("records what the agent returns as its result when it has a status", function()
+    local env = basic_env({ tasks = { { id = "t1" } },
+      run = function(ctx) ctx.sandbox:exec("write /out 1"); return { status = "submitted", turns = 3 } end })
+    run(env, { "--out", out, "-q" })
+    local _, records = trace.read(only_run(out))
+    assert.same({ status = "submitted", turns = 3 }, records[1].agent_result)
+    assert.equal(1, records[1].reward)
+  end)
+
   it("runs the env's cleanup hook even when the agent fails", function()
     local cleaned = 0
     local env = basic_env({ tasks = { { id = "a" }, { id = "b" } },

@@ -470,6 +470,9 @@ local function attempt(st, out)
   elseif not r.ok then
     fail(out, kind_of(r.err, "agent_error"), "agent", r)
     return out, false
+  elseif type(r.values[1]) == "table" and r.values[1].status ~= nil then
+    out.agent_result = r.values[1]           -- e.g. the llm agent's {status, turns, usage}
+    ctx.trace:event("agent_result", out.agent_result)
   end
   score_phase(st, out)
   return out, false
@@ -526,7 +529,7 @@ local function run_episode(st, item)
   end
   local rec = ep:finish({ reward = out.reward, rewards = out.rewards, status = status_of(out),
     error = out.error, attempt = out.attempt, phases = out.phases, runtime = out.runtime,
-    agent_timed_out = out.agent_timed_out, cleanup_error = out.cleanup_error,
+    agent_timed_out = out.agent_timed_out, cleanup_error = out.cleanup_error, agent_result = out.agent_result,
     started_at = started, ended_at = engine.now(), duration = engine.monotonic() - t0 })
   st.new_records = st.new_records + 1
   st.progress:episode(rec)

@@ -13,11 +13,9 @@ function M.new(config)
 end
 
 local function run_commands(ctx, cmds)
-  local last
   for _, cmd in ipairs(cmds) do
-    last = ctx.sandbox:exec(cmd, { timeout = ctx.timeouts and ctx.timeouts.agent })
+    ctx.sandbox:exec(cmd, { timeout = ctx.timeouts and ctx.timeouts.agent })
   end
-  return last
 end
 
 function Oracle:act(ctx)
