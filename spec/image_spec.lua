@@ -314,6 +314,28 @@ describe("image builds", function()
     assert.equal(5, other.made)
   end)
 
+  it("leaves out what .dockerignore excludes, and ignores changes to it", function()
+    local ctx = context_copy()
+    write(ctx .. "/.dockerignore", "# test rules\nconf/b.conf\napp/**/deep.txt\nconf/*.ini\n!conf/settings.ini\n")
+    local df = ctx .. "/Dockerfile.ign"
+    write(df, "FROM host\nCOPY . /ctx/\nCOPY conf/ /conf/\nCOPY conf/*.conf /globbed/\n")
+    local r = assert(build(df, ctx))
+    local top, mid, bottom = r.layers[1], r.layers[2], r.layers[3]
+    assert.equal("hello from app\n", read(bottom .. "/ctx/app/hello.txt"))
+    assert.is_nil(archive.stat(bottom .. "/ctx/app/sub/deep.txt"))
+    assert.truthy(archive.stat(bottom .. "/ctx/app/sub"))
+    assert.is_nil(archive.stat(bottom .. "/ctx/conf/b.conf"))
+    assert.truthy(archive.stat(bottom .. "/ctx/conf/settings.ini"))
+    assert.truthy(archive.stat(mid .. "/conf/a.conf"))
+    assert.is_nil(archive.stat(mid .. "/conf/b.conf"))
+    assert.same({ "a.conf" }, archive.list(top .. "/globbed"))
+    write(ctx .. "/conf/b.conf", "ignored change\n")
+    write(ctx .. "/app/sub/deep.txt", "ignored change\n")
+    assert.equal(0, assert(build(df, ctx)).made)
+    write(ctx .. "/conf/a.conf", "seen change\n")
+    assert.equal(3, assert(build(df, ctx)).made)
+  end)
+
   it("fails naming file, line and instruction", function()
     local ctx = context_copy()
     local cases = {
@@ -322,6 +344,7 @@ describe("image builds", function()
       { "FROM host\nCOPY ../etc/passwd /x\n", ":2: source ../etc/passwd is outside the build context" },
       { "FROM host\nADD https://example.com/x /x\n", ":2: ADD from a URL is not supported" },
       { "FROM host\nRUN --mount=type=cache,target=/x true\n", ":2: RUN --mount is not supported" },
+      { "FROM host\nCOPY --parents app /x\n", ":2: COPY --parents is not supported" },
       { "FROM host\nFROM host\n", ":2: multi-stage builds are not supported (second FROM)" },
       { "USER x\nFROM host\n", ":1: USER before FROM" },
       { "FROM host\nCOPY --chown=nosuchuser app /x\n", ":2: COPY --chown: unknown user nosuchuser" },

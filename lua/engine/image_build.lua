@@ -11,6 +11,8 @@ local archive = require "engine.archive"
 local json = require "engine.json"
 local dockerfile = require "engine.dockerfile"
 local image = require "engine.image"
+local ignore = require "engine.image_ignore"
+local layers_mkdirs = require("engine.layers").mkdirs
 
 local M = {}
 
@@ -138,25 +140,55 @@ local function file_digest(path, st)
   return d
 end
 
-local function tree_lines(path, rel, out)
+-- Appends one line per entry of the tree at path (context-relative rel)
+-- to out, leaving out what .dockerignore excludes. Returns true when
+-- something below path was left out.
+function Build:tree_lines(path, rel, out)
   local st = assert(archive.stat(path))
-  local line = string.format("%s %s %o", rel, st.type, st.mode)
-  if st.type == "file" then line = line .. " " .. file_digest(path, st)
-  elseif st.type == "link" then line = line .. " -> " .. (archive.readlink(path) or "") end
-  out[#out + 1] = line
-  if st.type == "dir" then
-    for _, n in ipairs(archive.list(path) or {}) do tree_lines(path .. "/" .. n, rel .. "/" .. n, out) end
+  local skipped = self.ignore and rel ~= "" and self.ignore(rel)
+  if not skipped then
+    local line = string.format("%s %s %o", rel, st.type, st.mode)
+    if st.type == "file" then line = line .. " " .. file_digest(path, st)
+    elseif st.type == "link" then line = line .. " -> " .. (archive.readlink(path) or "") end
+    out[#out + 1] = line
   end
+  if st.type ~= "dir" or (skipped and not self.ignore_keep) then return skipped end
+  for _, n in ipairs(archive.list(path) or {}) do
+    local sub = rel == "" and n or rel .. "/" .. n
+    skipped = self:tree_lines(path .. "/" .. n, sub, out) or skipped
+  end
+  return skipped
 end
 
 -- Forgets the remembered file digests (benchmarks, tests).
 function M.forget_digests() file_digests = {} end
 
--- Digest of a file or tree: names, types, modes, contents, link targets.
-function M.tree_digest(path)
+-- Digest of a context path (file or tree): names, types, modes, contents,
+-- link targets. The second result is true when .dockerignore left
+-- something inside out.
+function Build:tree_digest(path)
   local out = {}
-  tree_lines(path, ".", out)
-  return archive.sha256(table.concat(out, "\n"))
+  local rel = path == self.context and "" or path:sub(#self.context + 2)
+  local skipped = self:tree_lines(path, rel, out)
+  return archive.sha256(table.concat(out, "\n")), skipped
+end
+
+-- Copies the tree src (context-relative rel) into dst entry by entry,
+-- leaving out what .dockerignore excludes.
+function Build:copy_filtered(ins, src, rel, dst, o)
+  for _, n in ipairs(archive.list(src) or {}) do
+    local s, r, d = src .. "/" .. n, rel == "" and n or rel .. "/" .. n, dst .. "/" .. n
+    local st = assert(archive.stat(s))
+    local skipped = self.ignore(r)
+    if st.type == "dir" and (not skipped or self.ignore_keep) then
+      if not skipped then assert(archive.mkdir(d, st.mode, o.uid, o.gid)) end
+      self:copy_filtered(ins, s, r, d, o)
+    elseif not skipped then
+      if not archive.stat(dst) then assert(layers_mkdirs(dst)) end
+      local ok, err = archive.copy(s, d, o)
+      if not ok then self:fail(ins, "%s: %s", ins.cmd, err) end
+    end
+  end
 end
 
 -- Lua pattern for one Go filepath.Match component.
@@ -199,8 +231,14 @@ function Build:glob(ins, pattern)
       matches = next_matches
     end
   end
-  table.sort(matches)
-  return matches
+  local kept = {}
+  for _, m in ipairs(matches) do
+    if not (self.ignore and m ~= self.context and self.ignore(m:sub(#self.context + 2))) then
+      kept[#kept + 1] = m
+    end
+  end
+  table.sort(kept)
+  return kept
 end
 
 -- ---- instructions ----------------------------------------------------------
@@ -341,8 +379,12 @@ function Build:place(ins, fs, src, st, dest, into_dir, o)
     local existed = archive.stat(fs .. dest)
     assert(self:ensure_dir(fs, dest, o.uid, o.gid))
     local keep = assert(archive.stat(fs .. dest))
-    local ok, err = archive.copy(src, fs .. dest, o)
-    if not ok then self:fail(ins, "%s: %s", ins.cmd, err) end
+    if self.filtered[src] then
+      self:copy_filtered(ins, src, src == self.context and "" or src:sub(#self.context + 2), fs .. dest, o)
+    else
+      local ok, err = archive.copy(src, fs .. dest, o)
+      if not ok then self:fail(ins, "%s: %s", ins.cmd, err) end
+    end
     if o.chmod then chmod_tree(fs .. dest, o.chmod) end
     if existed or not o.chmod then
       archive.chmod(fs .. dest, keep.mode)
@@ -367,6 +409,11 @@ end
 -- --chmod; ADD unpacks local tar archives.
 local function copy_like(b, ins)
   if ins.flags.from then b:fail(ins, "%s --from is not supported (multi-stage builds)", ins.cmd) end
+  for flag in pairs(ins.flags) do
+    if flag ~= "chown" and flag ~= "chmod" and flag ~= "link" then
+      b:fail(ins, "%s --%s is not supported", ins.cmd, flag)
+    end
+  end
   if ins.heredocs then b:fail(ins, "%s with a heredoc is not supported", ins.cmd) end
   local words = ins.json or dockerfile.words(b:expand(ins.args))
   if not words or #words < 2 then b:fail(ins, "%s needs a source and a destination", ins.cmd) end
@@ -381,7 +428,9 @@ local function copy_like(b, ins)
     if #found == 0 then b:fail(ins, "%s: no such file in the context: %s", ins.cmd, words[i]) end
     for _, f in ipairs(found) do
       sources[#sources + 1] = f
-      inputs[#inputs + 1] = f:sub(#b.context + 2) .. "=" .. M.tree_digest(f)
+      local digest, filtered = b:tree_digest(f)
+      inputs[#inputs + 1] = f:sub(#b.context + 2) .. "=" .. digest
+      if filtered then b.filtered[f] = true end
     end
   end
   into_dir = into_dir or #sources > 1
@@ -519,8 +568,9 @@ function M.build(store, img, spec)
   local b = setmetatable({
     store = store, file = path, short = path:match("[^/]+/[^/]+$") or path, context = context,
     build_args = img.args or {}, args = {}, global_args = {}, quiet = quiet,
-    network = img.network or "host", timeout = img.timeout, made = 0,
+    network = img.network or "host", timeout = img.timeout, made = 0, filtered = {},
   }, Build)
+  b.ignore, b.ignore_keep = ignore.load(context)
   local ok, err = pcall(b.run, b, parsed.instructions)
   if not ok then
     if getmetatable(err) == BUILD_ERROR then return nil, err.message end
