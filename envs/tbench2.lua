@@ -336,40 +336,59 @@ function M.box_lock(sb)
   return m
 end
 
--- Removes `path` inside the sandbox without following a symlink at it.
+-- Raises when a sandbox file operation returned nil, message.
+local function must(what, a, b)
+  if a == nil and b ~= nil then error(what .. ": " .. tostring(b), 0) end
+  return a
+end
+
+-- What is at `path` itself, a symlink not followed: "d", "f", "l", "o" or nil.
+local function kind_at(sb, path)
+  local st = sb:stat(path)
+  return st and st.type
+end
+
+-- Removes `path` inside the sandbox without following a symlink at it
+-- (the sandbox removes a link as a link, and recurses without following).
+-- Returns true, or nil and a message when something is still there.
 local function remove_path(sb, path)
-  local ok, err = sb:remove(path, { recursive = true })
-  if not ok and err and err ~= "no such file" then return nil, err end
-  if sb:exists(path) then return nil, path .. " still exists" end
+  local _, err = sb:remove(path, { recursive = true })
+  if kind_at(sb, path) then return nil, path .. ": cannot remove (" .. tostring(err) .. ")" end
   return true
 end
 
--- Removes /tests and /logs/verifier (links as links) and makes sure /logs
--- is a real directory. Raises when the sandbox cannot do it.
+-- Makes /logs a real directory: a symlink (or file) the agent put there is
+-- removed as such, so nothing below is ever created through it.
+local function real_logs_dir(sb)
+  local k = kind_at(sb, LOGS)
+  if k == "d" then return end
+  if k then assert(remove_path(sb, LOGS)) end
+  must("mkdir " .. LOGS, sb:mkdir(LOGS))
+end
+
+-- Clears the verify window's fixed paths: /logs is made a real directory,
+-- /tests and /logs/verifier are removed (links as links, never followed).
+-- Raises when the sandbox cannot do it.
 function M.clear_window(sb)
   assert(remove_path(sb, TESTS))
+  real_logs_dir(sb)
   assert(remove_path(sb, VERIFIER_LOGS))
 end
 
 -- Best-effort clear for cleanup paths: never raises.
 local function clear_quietly(sb)
-  if sb and (not sb.alive or sb:alive()) then pcall(M.clear_window, sb) end
+  if sb and sb:alive() then pcall(M.clear_window, sb) end
 end
 
 -- Stages the in-memory tests at /tests and creates an empty /logs/verifier.
+-- Expects a cleared window (clear_window just before, under the box lock).
 function M.stage(sb, tree)
-  local function mkdir(p) assert(sb:mkdir(p)) end
-  local ok = pcall(mkdir, LOGS)
-  if not ok then
-    -- /logs was something else (a file, a link the agent planted): replace it.
-    assert(remove_path(sb, LOGS))
-    mkdir(LOGS)
-  end
+  local function mkdir(p) must("mkdir " .. p, sb:mkdir(p, { parents = false })) end
   mkdir(VERIFIER_LOGS)
   mkdir(TESTS)
   for _, d in ipairs(tree.dirs) do mkdir(TESTS .. "/" .. d) end
   for _, f in ipairs(tree.files) do
-    assert(sb:write(TESTS .. "/" .. f.path, f.data, f.mode))
+    must("write /tests/" .. f.path, sb:write(TESTS .. "/" .. f.path, f.data, f.mode))
   end
 end
 
@@ -402,7 +421,6 @@ end
 
 -- Reads a file from the sandbox, or nil when it is missing.
 local function read_box(sb, path)
-  if not sb:exists(path) then return nil end
   local data = sb:read(path)
   if data and #data > M.MAX_REWARD_BYTES then data = data:sub(1, M.MAX_REWARD_BYTES) end
   return data
@@ -561,10 +579,10 @@ function M.solve(ctx)
   local sb = st.box or ctx.sandbox   -- the real box, not the agent's bounded view
   if not task.has_solution then error(task.dir .. "/solution/solve.sh: missing", 0) end
   local _ <close> = defer(function()
-    if not sb.alive or sb:alive() then pcall(sb.remove, sb, SOLUTION, { recursive = true }) end
+    if sb:alive() then pcall(sb.remove, sb, SOLUTION, { recursive = true }) end
   end)
   assert(remove_path(sb, SOLUTION))
-  assert(sb:upload(task.dir .. "/solution", SOLUTION))
+  must("upload /solution", sb:upload(task.dir .. "/solution", SOLUTION))
   local limit = ctx.timeouts and ctx.timeouts.agent
     or (task.config.agent_timeout or M.NO_AGENT_TIMEOUT) * multiplier(config_of(ctx))
   local env_vars = merge(task.config.environment_env, task.config.solution_env)
