@@ -10,8 +10,8 @@
 --     never on other 4xx; info = {kind, status, attempts}. With new_handler
 --     the response is a server-sent event stream (see attempt_stream).
 --   base:add_usage(model, input_tokens, output_tokens, extra) -> cost
---   base:usage() -> {requests, attempts, retries, failures, input_tokens,
---                    output_tokens, cost, seconds, by_model = {...}}
+--   base:usage() -> {requests (= calls), attempts, retries, failures,
+--                    input_tokens, output_tokens, cost, seconds, by_model = {...}}
 local engine = require "engine"
 local http = require "engine.http"
 local json = require "engine.json"
@@ -215,6 +215,7 @@ end
 function Base:usage()
   local out = {}
   for k, v in pairs(self.totals) do out[k] = v end
+  out.calls = out.requests
   out.by_model = {}
   for k, v in pairs(self.totals.by_model) do
     out.by_model[k] = { requests = v.requests, input_tokens = v.input_tokens,

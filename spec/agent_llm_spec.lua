@@ -152,7 +152,7 @@ describe("agent llm", function()
     local argv = { exe, "run" }
     for _, a in ipairs(args) do argv[#argv + 1] = a end
     for _, a in ipairs{ "--agent", "llm", "--model", "scripted", "--base-url", srv.url .. "/v1",
-                        "--api-key-env", "ENGINE_SPEC_KEY", "--out", out, "-q", "--max-turns", "5" } do
+                        "--api-key-env", "ENGINE_SPEC_KEY", "--out", out, "--max-turns", "5" } do
       argv[#argv + 1] = a
     end
     local r = proc.run(argv, { timeout = 120,
@@ -168,6 +168,7 @@ describe("agent llm", function()
       local grep = proc.run({ "grep", "-rl", KEY, out })
       assert.equal(1, grep.code, "the key is in " .. grep.stdout)
       assert.is_nil((r.stdout .. r.stderr):find(KEY, 1, true))
+      assert.matches("model +3 calls, 300 tokens in, 30 out", r.stdout)
     end)
     os.execute("rm -rf " .. out)
     assert(ok, err)
