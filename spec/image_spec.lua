@@ -362,6 +362,15 @@ describe("image builds", function()
     assert.same({}, archive.list(store.root .. "/tmp"))
   end)
 
+  it("refuses a stack deeper than the sandbox can mount", function()
+    local many = {}
+    for i = 1, image.MAX_LAYERS + 1 do many[i] = tmp end
+    local r, err = image.resolve({ layers = many })
+    assert.is_nil(r)
+    assert.matches("image has 33 layers; the local sandbox stacks at most 32", err)
+    assert.truthy(image.resolve({ layers = { tmp, "host" } }))
+  end)
+
   it("falls back to host for an unknown base, and uses mapped names", function()
     local ctx = context_copy()
     local df = ctx .. "/Dockerfile.base"

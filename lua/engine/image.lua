@@ -179,8 +179,22 @@ local function resolve_string(image, spec, depth)
   return nil, "unknown image '" .. image .. "'"
 end
 
+-- The local sandbox stacks at most this many lower layers (SB_MAX_LAYERS).
+M.MAX_LAYERS = 32
+
+local resolve_any
+
 -- image.resolve(image, spec) -> {layers, config, key} | nil, err
 function M.resolve(image, spec, depth)
+  local r, err = resolve_any(image, spec, depth)
+  if r and #r.layers > M.MAX_LAYERS then
+    return nil, string.format("image has %d layers; the local sandbox stacks at most %d " ..
+      "(merge RUN/COPY lines)", #r.layers, M.MAX_LAYERS)
+  end
+  return r, err
+end
+
+resolve_any = function(image, spec, depth)
   depth = depth or 0
   if type(image) == "string" then return resolve_string(image, spec, depth) end
   if type(image) ~= "table" then return nil, "image must be a string or a table" end

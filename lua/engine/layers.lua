@@ -21,6 +21,9 @@ local M = {}
 local Store = {}
 Store.__index = Store
 
+-- An unchanged image's last use is rewritten at most this often (seconds).
+M.TOUCH_INTERVAL = 30
+
 local function default_root()
   local dir = os.getenv("ENGINE_IMAGE_DIR")
   if dir and dir ~= "" then return dir end
@@ -170,6 +173,12 @@ end
 -- Records (or replaces) an image: rec has name, kind, layers (keys, top
 -- first), base, config, and optionally source (a signature of its input).
 function Store:record(rec)
+  local old = self:image(rec.name)
+  if old and old.layers and table.concat(old.layers, ",") == table.concat(rec.layers, ",")
+     and json.encode(old.config or {}) == json.encode(rec.config or {})
+     and engine.now() - (old.last_used or 0) < M.TOUCH_INTERVAL then
+    return true   -- unchanged and recently marked used: spare the write
+  end
   local size = 0
   for _, key in ipairs(rec.layers) do
     local m = self:meta(key)
