@@ -19,7 +19,8 @@
 -- Config (run flags or new{...}): provider ("openai" | "anthropic"), model,
 -- base_url, api_key_env, max_turns (50), command_timeout (180 s),
 -- max_output (bytes of tool output shown to the model, 16000), max_tokens,
--- temperature, max_concurrency, prices, extra_body, system_prompt.
+-- temperature, max_concurrency, prices ({model = {input =, output =}} in $
+-- per million tokens; or the ENGINE_PRICES file), extra_body, system_prompt.
 local engine = require "engine"
 local json = require "engine.json"
 local sync = require "engine.sync"
@@ -65,14 +66,31 @@ function M.new(config)
   return setmetatable({ config = config or {} }, Agent)
 end
 
+-- A table given as JSON text or as the path of a JSON file; raises a typed
+-- error naming the setting when it is neither.
+local function json_setting(v, name)
+  if type(v) ~= "string" then return v end
+  local text = v
+  local f = v:sub(1, 1) ~= "{" and io.open(v, "rb")
+  if f then text = f:read("a"); f:close() end
+  local t, err = json.safe_decode(text)
+  if type(t) ~= "table" then
+    error({ kind = "agent_error", message = "agent llm: " .. name .. ": " .. (err or "not a JSON object") }, 0)
+  end
+  return t
+end
+
 -- Merged settings: defaults < new{config} < ctx.config (non-nil values).
+-- prices and extra_body may be JSON text or a JSON file's path; prices
+-- default to the file named by ENGINE_PRICES.
 local function settings(self, ctx)
   local s = {}
   for k, v in pairs(M.DEFAULTS) do s[k] = v end
   for _, src in ipairs{ self.config, ctx.config or {} } do
     for k, v in pairs(src) do s[k] = v end
   end
-  if type(s.extra_body) == "string" then s.extra_body = json.decode(s.extra_body) end
+  s.extra_body = json_setting(s.extra_body, "extra_body")
+  s.prices = json_setting(s.prices or os.getenv("ENGINE_PRICES"), "prices")
   return s
 end
 
