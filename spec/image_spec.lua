@@ -384,6 +384,13 @@ describe("image builds", function()
     image.map("ubuntu", nil)
     assert.equal(base, mapped.layers[#mapped.layers])
     assert.equal(1, mapped.made)
+    -- a map file, with a base relative to it
+    write(tmp .. "/map.json", json.encode({ ["ubuntu:22.04"] = "./rootfs" }))
+    image.map_file(tmp .. "/map.json")
+    local from_file = assert(build(df, ctx))
+    image.map_file(nil)
+    assert.equal(base, from_file.layers[#from_file.layers])
+    assert.equal(0, from_file.made)
   end)
 
   it("shares one layer chain between two engines building at once", function()

@@ -28,18 +28,37 @@ function M.map(name, base)
   mapping[name] = base
 end
 
+local map_file_override
+
+-- image.map_file(path): read name -> base mappings from this JSON file
+-- (an object) instead of the one ENGINE_IMAGE_MAP names; nil: back to it.
+-- Bases "./DIR" and "archive:REL" are relative to the file's directory.
+function M.map_file(path)
+  map_file_override = path
+  map_file_cache = nil
+end
+
+-- Makes a relative base from a map file absolute.
+local function anchor(base, dir)
+  if type(base) ~= "string" then return nil end
+  if base:sub(1, 8) == "archive:" and base:sub(9, 9) ~= "/" then return "archive:" .. dir .. "/" .. base:sub(9) end
+  if base:match("^%.%.?/") then return dir .. "/" .. base end
+  return base
+end
+
 local function file_mapping()
-  local path = os.getenv("ENGINE_IMAGE_MAP")
+  local path = map_file_override or os.getenv("ENGINE_IMAGE_MAP")
   if not path or path == "" then return {} end
   if map_file_cache and map_file_cache.path == path then return map_file_cache.map end
-  local text = layers.read_file(path)
-  local ok, v = pcall(json.decode, text or "")
-  if not ok or type(v) ~= "table" then
-    io.stderr:write("engine: ENGINE_IMAGE_MAP ", path, ": not a JSON object, ignored\n")
+  local v = json.safe_decode(layers.read_file(path) or "")
+  if type(v) ~= "table" then
+    io.stderr:write("engine: image map ", path, ": not a JSON object, ignored\n")
     v = {}
   end
-  map_file_cache = { path = path, map = v }
-  return v
+  local dir, map = path:match("^(.*)/[^/]*$") or ".", {}
+  for name, base in pairs(v) do map[name] = anchor(base, dir) end
+  map_file_cache = { path = path, map = map }
+  return map
 end
 
 -- The base a name is mapped to, trying "name:tag" then "name". Or nil.
