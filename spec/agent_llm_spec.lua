@@ -220,6 +220,20 @@ describe("agent llm", function()
     assert.equal(KEY, srv:requests()[1].headers["x-api-key"])
   end)
 
+  it("streams the model's turns when asked", function()
+    local function sse(v) return { data = "data: " .. json.encode(v) .. "\n\n" } end
+    srv:script{ { chunks = {
+      sse{ choices = { { delta = { content = "submitting" } } } },
+      sse{ choices = { { delta = { tool_calls = { { index = 0, id = "s1", type = "function",
+        ["function"] = { name = "submit", arguments = "{}" } } } }, finish_reason = "tool_calls" } } },
+      { data = "data: [DONE]\n\n" } } } }
+    local tr = fake_trace()
+    local r = llm.new(config{ stream = true }):act(ctx_for(tr))
+    assert.equal("submitted", r.status)
+    assert.is_true(bodies()[1].stream)
+    assert.equal("submitting", tr.nodes[2].content)
+  end)
+
   it("stops at the turn limit", function()
     local list = {}
     for i = 1, 3 do list[i] = call("bash", { command = "true" }) end

@@ -19,7 +19,7 @@
 -- Config (run flags or new{...}): provider ("openai" | "anthropic"), model,
 -- base_url, api_key_env, max_turns (50), command_timeout (180 s),
 -- max_output (bytes of tool output shown to the model, 16000), max_tokens,
--- temperature, max_concurrency, prices ({model = {input =, output =}} in $
+-- temperature, stream, max_concurrency, prices ({model = {input =, output =}} in $
 -- per million tokens; or the ENGINE_PRICES file), extra_body, system_prompt.
 local engine = require "engine"
 local json = require "engine.json"
@@ -60,7 +60,8 @@ Agent.__index = Agent
 
 local PROVIDER_KEYS = { "api_key", "base_url", "api_key_env", "model", "extra_body", "max_concurrency",
   "prices", "max_retries", "timeout", "max_tokens", "temperature", "headers",
-  "backoff_base", "backoff_max", "unix_socket" }
+  "backoff_base", "backoff_max", "unix_socket", "stream", "idle_timeout",
+  "anthropic_version", "max_tokens_field" }
 
 function M.new(config)
   return setmetatable({ config = config or {} }, Agent)
