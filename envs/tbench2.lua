@@ -508,12 +508,31 @@ function M.tasks(opts)
   return M.discover(tasks_dir(opts or {}))
 end
 
+local function random_hex(n)
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local b = f:read(n)
+  f:close()
+  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+-- Where agent upper layers live: hidden from every sandbox (not in the
+-- host allow-list), on a real filesystem.
+function M.upper_root()
+  return (os.getenv("ENGINE_STATE_DIR") or "/var/lib/engine") .. "/tbench2-upper"
+end
+
 -- The sandbox spec for a task: image from environment/ only (withholding),
 -- resources from [environment], its own network namespace.
 function M.sandbox(task, config)
   config = config or {}
   local cfg, mul = task.config, multiplier(config)
+  local upper
+  if config.verify == "fresh" then
+    assert(require("engine.sandbox.core").host_mkdir(M.upper_root(), 448))  -- 0700
+    upper = M.upper_root() .. "/" .. random_hex(8)
+  end
   return {
+    upper_dir = upper,
     image = { dockerfile = task.dockerfile, context = task.dir .. "/environment",
               timeout = cfg.build_timeout * mul },
     workdir = config.workdir or task.workdir,
@@ -653,10 +672,69 @@ function M.score(ctx)
   return reward, detail
 end
 
--- --verify fresh: a new sandbox with the agent's final filesystem and none of
--- its processes (filled in against the sandbox's interface below).
+-- ---------------------------------------------------------------------------
+-- --verify fresh
+--
+-- The agent's box gets its writable layer in a host directory of ours
+-- (spec.upper_dir, below a directory no sandbox can see). To verify, that box
+-- is stopped (the kernel kills every process in its pid namespace), and a
+-- new box is made from the same image layers with the agent's upper layer
+-- stacked on top as a read-only lower: the agent's final files, whiteouts
+-- and opaque directories included, and none of its processes.
+-- ---------------------------------------------------------------------------
+
+local function raw_box(sb)
+  return type(sb) == "table" and rawget(sb, "raw") or sb
+end
+
+-- Waits until the box's processes are gone (its pid 1 reaped).
+local function wait_dead(sb, seconds)
+  sb:stop()
+  local box = raw_box(sb)._box
+  local deadline = engine.monotonic() + seconds
+  while box and engine.monotonic() < deadline do
+    local st = box:info().state
+    if st == "dead" or st == "clean" then return true end
+    engine.sleep(0.01)
+  end
+  if not box then engine.sleep(0.2) end
+  return not box
+end
+
 function M.fresh_box(ctx)
-  error("--verify fresh: not supported by this sandbox", 0)
+  local sandbox = require "engine.sandbox"
+  local agent_sb = ctx.sandbox
+  local spec = agent_sb.info and agent_sb.info.spec
+  local upper = spec and spec.upper_dir
+  if not upper then error("--verify fresh: the agent's box has no upper_dir", 0) end
+  local resolved, err = require("engine.image").resolve(spec.image, spec)
+  if not resolved then error("--verify fresh: " .. tostring(err), 0) end
+  if not wait_dead(agent_sb, 10) then error("--verify fresh: the agent's box did not stop", 0) end
+  local layers = { upper }
+  for _, l in ipairs(resolved.layers) do layers[#layers + 1] = l end
+  local labels = copy(spec.labels)
+  labels.verify = "fresh"
+  local box, berr = sandbox.new {
+    image = { layers = layers, config = {} }, workdir = spec.workdir, env = spec.env,
+    user = spec.user, cpus = spec.cpus, memory = spec.memory, pids = spec.pids,
+    disk = spec.disk, network = spec.network, labels = labels,
+  }
+  if not box then error({ kind = "infra_error", message = "--verify fresh: " .. tostring(berr) }, 0) end
+  trace_event(ctx, "tbench2.fresh_box", { id = box.id, layers = #layers })
+  return box
+end
+
+-- The env's cleanup: in fresh mode, the agent's upper layer goes once its
+-- box is down.
+function M.cleanup(ctx)
+  local sb = ctx.sandbox
+  local spec = sb and sb.info and sb.info.spec
+  local upper = spec and spec.upper_dir
+  if not upper or upper:sub(1, #M.upper_root() + 1) ~= M.upper_root() .. "/" then return end
+  wait_dead(sb, 10)
+  local core = require "engine.sandbox.core"
+  core.host_rmtree(upper)
+  core.host_rmtree(upper .. ".work")
 end
 
 M.options = {
@@ -679,5 +757,6 @@ return env.define {
   run = M.run,
   score = M.score,
   solve = M.solve,
+  cleanup = M.cleanup,
   tb2 = M,
 }
