@@ -1,21 +1,13 @@
 /*
  * proc.c: child processes (engine.proc) and the engine.Process object that
- * host and sandboxed children share (see proc.h).
- *
- * A Process has three non-blocking pipes driven by ev_io and an exit status
- * that arrives through eng_proc_exited(). At most one task waits on each
- * stream (a writer, a stdout reader, a stderr reader) plus a finisher
- * (wait/communicate), which captures both outputs up to max_output (the
- * rest is read and dropped so the child never blocks) until the child has
- * exited and both outputs reached EOF. Every state change ends in update(),
- * which wakes the waiters that can complete and re-arms only the watchers
- * somebody needs. Results are built under a protected call on the main
- * thread, so no Lua error unwinds through libev.
- *
- * Host children: posix_spawn into their own process group (a kill reaches
- * the tree), signals reset, fds above 2 closed; their ev_child watcher
- * outlives the Process, so a collected Process never blocks: it kills the
- * group and the watcher reaps the child later.
+ * host and sandboxed children share (see proc.h). A Process has three
+ * non-blocking pipes on ev_io and an exit status reported through
+ * eng_proc_exited(). One task at most waits on each stream, plus a finisher
+ * (wait/communicate). Every state change ends in update(): it wakes the
+ * waiters that can complete and arms only the watchers somebody needs.
+ * Results are built under a protected call, never unwinding through libev.
+ * Host children get their own process group (a kill reaches the tree) and
+ * an ev_child watcher that outlives the Process, so release never blocks.
  */
 #include "engine.h"
 #include "proc.h"
@@ -35,6 +27,7 @@
 #define CHUNK 65536
 #define READ_BUDGET 16                 /* reads per readiness event */
 #define DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
+#define BUSY "another task is already waiting on this process"
 
 extern char **environ;
 
@@ -47,12 +40,12 @@ typedef struct stream {
   int eof;                /* out/err: no more data will come */
   int werr;               /* in: the pending write failed */
   int truncated;          /* out/err: bytes were dropped */
-  char *buf;              /* unread (out/err) or unwritten (in) bytes: */
-  size_t off, len, cap;   /* buf[off..len) */
+  char *buf;              /* unread (out/err) or unwritten (in) bytes */
+  size_t off, len, cap;   /* ... are buf[off..len) */
   size_t scan;            /* bytes after off known to hold no newline */
   size_t want;            /* read(n): at most n bytes */
-  int op;                 /* what the waiting reader wants */
-  eng_task *waiter;       /* the task waiting on this stream, if any */
+  int op;                 /* what the waiting task wants */
+  eng_task *waiter;
   struct eng_proc *p;
 } stream;
 
@@ -60,10 +53,8 @@ struct eng_proc {
   stream s[3];
   ev_timer timer;         /* the finisher's timeout */
   eng_task *finisher;     /* the task in wait/communicate, if any */
-  int pid;
-  int exited, wstatus, oom;
+  int pid, exited, wstatus, oom, timed_out, released;
   int killed;             /* killed by us: finish without waiting for EOF */
-  int timed_out, released;
   int capture;            /* read out/err whether or not anyone waits */
   int close_after;        /* close stdin once the pending bytes are out */
   size_t max_output;
@@ -81,22 +72,19 @@ static double mono(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* ---- buffers and streams ------------------------------------------------ */
-
 /* Makes room for n more bytes after len, compacting or growing. 0 on ENOMEM. */
 static int buf_reserve(stream *s, size_t n) {
-  size_t cap;
+  size_t cap = s->cap ? s->cap : CHUNK;
   char *b;
   if (s->off == s->len) s->off = s->len = 0;
   if (s->cap - s->len >= n) return 1;
-  if (s->off > 0 && s->off >= s->len / 2) {
+  if (s->off > 0) {
     memmove(s->buf, s->buf + s->off, s->len - s->off);
     s->len -= s->off;
     s->off = 0;
-    if (s->cap - s->len >= n) return 1;
   }
-  cap = s->cap ? s->cap : CHUNK;
   while (cap - s->len < n) cap *= 2;
+  if (cap == s->cap) return 1;
   if (!(b = realloc(s->buf, cap))) return 0;
   s->buf = b;
   s->cap = cap;
@@ -107,13 +95,6 @@ static void buf_free(stream *s) {
   free(s->buf);
   s->buf = NULL;
   s->off = s->len = s->cap = s->scan = 0;
-}
-
-/* Consumes k unread bytes. */
-static void buf_consume(stream *s, size_t k) {
-  s->off += k;
-  s->scan = 0;
-  if (s->off == s->len) s->off = s->len = 0;
 }
 
 /* Turns the watcher for stream i on or off. */
@@ -130,8 +111,7 @@ static void arm(eng_proc *p) {
     set_io(p, i, !p->s[i].eof && (p->s[i].waiter || p->capture));
 }
 
-/* Closes stream i. Unwritten stdin bytes are dropped (the write failed);
- * unread output stays readable. */
+/* Closes stream i: unwritten stdin is dropped (werr), unread output stays. */
 static void stream_close(eng_proc *p, int i) {
   stream *s = &p->s[i];
   set_io(p, i, 0);
@@ -163,9 +143,8 @@ static void fill(eng_proc *p, int i) {
   }
 }
 
-/* Writes pending stdin bytes until the pipe is full. A broken pipe closes
- * stdin and fails the pending write; once everything is out, close_after
- * closes stdin. */
+/* Writes pending stdin until the pipe is full; a broken pipe closes stdin
+ * (werr); once all is out, close_after closes it. */
 static void flush_in(eng_proc *p) {
   stream *s = &p->s[IN];
   while (s->fd >= 0 && s->off < s->len) {
@@ -178,18 +157,6 @@ static void flush_in(eng_proc *p) {
   if (s->fd >= 0) buf_free(s);
   if (s->fd >= 0 && p->close_after) stream_close(p, IN);
 }
-
-/* Queues n bytes for stdin and writes what fits at once. 0 on ENOMEM. */
-static int queue_input(eng_proc *p, const char *data, size_t n) {
-  stream *s = &p->s[IN];
-  if (n > 0 && !buf_reserve(s, n)) return 0;
-  if (n > 0) memcpy(s->buf + s->len, data, n);
-  s->len += n;
-  flush_in(p);
-  return 1;
-}
-
-/* ---- completing operations ---------------------------------------------- */
 
 static void kill_group(eng_proc *p, int sig) {
   if (!p->exited && p->ops && p->ops->kill) p->ops->kill(p->ctx, sig);
@@ -213,38 +180,28 @@ static int ready(eng_proc *p, int i, int op) {
   }
 }
 
-/* Pushes the unread bytes of stream i and frees them. [-0, +1, m] */
-static void push_rest(lua_State *L, stream *s) {
-  lua_pushlstring(L, s->buf ? s->buf + s->off : "", s->len - s->off);
-  buf_free(s);
-}
-
-static void set_flag(lua_State *L, const char *k, int v) {
-  lua_pushboolean(L, v);
+/* t[k] = v (t on top), as a boolean or an integer. [-0, +0, m] */
+static void set_field(lua_State *L, const char *k, int v, int is_bool) {
+  if (is_bool) lua_pushboolean(L, v);
+  else lua_pushinteger(L, v);
   lua_setfield(L, -2, k);
 }
 
-/* t[k] = v, or nothing when !set. [-0, +0, m] */
-static void set_int(lua_State *L, const char *k, int set, int v) {
-  if (!set) return;
-  lua_pushinteger(L, v);
-  lua_setfield(L, -2, k);
-}
-
-/* Pushes the result table and ends the finish operation: timer stopped,
- * every stream closed. [-0, +1, m] */
+/* Pushes the result; the timer is stopped, every stream closed. [-0,+1,m] */
 static void push_result(eng_proc *p, lua_State *L) {
-  if (p->killed) { fill(p, OUT); fill(p, ERR); }
+  if (p->killed) fill(p, OUT), fill(p, ERR);
   lua_createtable(L, 0, 8);
-  set_int(L, "code", WIFEXITED(p->wstatus), WEXITSTATUS(p->wstatus));
-  set_int(L, "signal", WIFSIGNALED(p->wstatus), WTERMSIG(p->wstatus));
-  push_rest(L, &p->s[OUT]);
-  lua_setfield(L, -2, "stdout");
-  push_rest(L, &p->s[ERR]);
-  lua_setfield(L, -2, "stderr");
-  set_flag(L, "timed_out", p->timed_out);
-  set_flag(L, "truncated", p->s[OUT].truncated || p->s[ERR].truncated);
-  if (p->oom) set_flag(L, "oom", 1);
+  if (WIFEXITED(p->wstatus)) set_field(L, "code", WEXITSTATUS(p->wstatus), 0);
+  if (WIFSIGNALED(p->wstatus)) set_field(L, "signal", WTERMSIG(p->wstatus), 0);
+  for (int i = OUT; i <= ERR; i++) {
+    stream *s = &p->s[i];
+    lua_pushlstring(L, s->buf ? s->buf + s->off : "", s->len - s->off);
+    lua_setfield(L, -2, i == OUT ? "stdout" : "stderr");
+    buf_free(s);
+  }
+  set_field(L, "timed_out", p->timed_out, 1);
+  set_field(L, "truncated", p->s[OUT].truncated || p->s[ERR].truncated, 1);
+  if (p->oom) set_field(L, "oom", 1, 1);
   lua_pushnumber(L, p->ended - p->started);
   lua_setfield(L, -2, "duration");
   ev_timer_stop(eng_loop(), &p->timer);
@@ -252,19 +209,18 @@ static void push_result(eng_proc *p, lua_State *L) {
   for (int i = IN; i <= ERR; i++) stream_close(p, i);
 }
 
-/* Pushes a next line of stdout (without its newline), the rest at EOF, or
- * nil once nothing is left. [-0, +1, m] */
+/* Pushes s's next line (no "\n"), the rest at EOF, then nil. [-0,+1,m] */
 static void push_line(lua_State *L, stream *s) {
   size_t have = s->len - s->off;
   char *nl = have ? memchr(s->buf + s->off, '\n', have) : NULL;
   size_t k = nl ? (size_t)(nl - (s->buf + s->off)) : have;
   if (!nl && have == 0) { lua_pushnil(L); return; }
   lua_pushlstring(L, s->buf + s->off, k);
-  buf_consume(s, nl ? k + 1 : k);
+  s->off += nl ? k + 1 : k;
+  s->scan = 0;
 }
 
-/* Pushes the results of op on stream i, which ready() said can complete.
- * Returns their count. [-0, +n, m] */
+/* Pushes the results of op on stream i, once ready(); returns n. [-0,+n,m] */
 static int produce(eng_proc *p, int i, int op, lua_State *L) {
   stream *s = &p->s[i];
   size_t k = s->len - s->off;
@@ -277,7 +233,8 @@ static int produce(eng_proc *p, int i, int op, lua_State *L) {
     if (k == 0) { lua_pushnil(L); return 1; }
     if (k > s->want) k = s->want;
     lua_pushlstring(L, s->buf + s->off, k);
-    buf_consume(s, k);
+    s->off += k;
+    s->scan = 0;
     return 1;
   case OP_LINE: push_line(L, s); return 1;
   case OP_FINISH: push_result(p, L); return 1;
@@ -311,8 +268,7 @@ static void deliver(eng_proc *p, eng_task *t, int i, int op) {
   eng_task_wake(t, n);
 }
 
-/* Delivers op to the task in *slot, if any, when it can complete (always
- * for OP_CLOSED), emptying the slot first. */
+/* Empties *slot and delivers op to its task if op can complete now. */
 static void try_wake(eng_proc *p, eng_task **slot, int i, int op) {
   eng_task *t = *slot;
   if (!t || !ready(p, i, op)) return;
@@ -336,18 +292,21 @@ static void io_cb(struct ev_loop *l, ev_io *w, int revents) {
   update(p);
 }
 
-/* The finisher's timeout: kill the whole group, finish once it is reaped. */
+/* SIGKILLs the group; finishing then waits only for the exit report. */
+static void kill_now(eng_proc *p) {
+  kill_group(p, SIGKILL);
+  p->killed = 1;
+  stream_close(p, IN);
+}
+
+/* The finisher's timeout. */
 static void timer_cb(struct ev_loop *l, ev_timer *w, int revents) {
   eng_proc *p = w->data;
   (void)l; (void)revents;
   p->timed_out = 1;
-  kill_group(p, SIGKILL);
-  p->killed = 1;
-  stream_close(p, IN);
+  kill_now(p);
   update(p);
 }
-
-/* ---- the internal API (proc.h) ------------------------------------------ */
 
 void eng_proc_exited(eng_proc *p, int wstatus) {
   if (p->exited) return;
@@ -359,9 +318,9 @@ void eng_proc_exited(eng_proc *p, int wstatus) {
 
 void eng_proc_set_oom(eng_proc *p) { p->oom = 1; }
 
-/* The one release of __gc and __close: kills a running child's group with
- * SIGKILL, closes every fd, frees the buffers and forgets ctx. Idempotent,
- * never raises, never blocks. */
+/* The one release of __gc and __close: wakes waiting tasks with nil,
+ * "closed", kills a running child's group with SIGKILL, closes every fd,
+ * frees the buffers and forgets ctx. Idempotent; never raises or blocks. */
 static void proc_release(eng_proc *p) {
   if (p->released) return;
   for (int i = IN; i <= ERR; i++) try_wake(p, &p->s[i].waiter, i, OP_CLOSED);
@@ -374,67 +333,24 @@ static void proc_release(eng_proc *p) {
   p->ops = NULL;
 }
 
-static void stream_init(eng_proc *p, int i, int fd) {
-  stream *s = &p->s[i];
-  s->p = p;
-  s->fd = fd;
-  s->eof = fd < 0;
-  s->want = SIZE_MAX;
-  if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  if (fd >= 0) fcntl(fd, F_SETFD, FD_CLOEXEC);
-  ev_io_init(&s->io, io_cb, fd, i == IN ? EV_WRITE : EV_READ);
-  s->io.data = p;
-}
-
-static void setup_metatable(lua_State *L);
-
-eng_proc *eng_proc_push(lua_State *L, int pid, int in_fd, int out_fd, int err_fd,
-                        const eng_proc_ops *ops, void *ctx) {
-  eng_proc *p;
-  setup_metatable(L);
-  p = lua_newuserdatauv(L, sizeof *p, 0);
-  memset(p, 0, sizeof *p);
-  stream_init(p, IN, in_fd);
-  stream_init(p, OUT, out_fd);
-  stream_init(p, ERR, err_fd);
-  ev_timer_init(&p->timer, timer_cb, 0, 0);
-  p->timer.data = p;
-  p->pid = pid;
-  p->ops = ops;
-  p->ctx = ctx;
-  p->max_output = DEFAULT_MAX_OUTPUT;
-  p->started = mono();
-  luaL_setmetatable(L, PROC_MT);
-  return p;
-}
-
-/* ---- Lua methods ---------------------------------------------------------- */
-
-static eng_proc *to_proc(lua_State *L, int idx) {
-  return luaL_checkudata(L, idx, PROC_MT);
-}
-
 static eng_proc *check_proc(lua_State *L, int idx) {
-  eng_proc *p = to_proc(L, idx);
+  eng_proc *p = luaL_checkudata(L, idx, PROC_MT);
   if (p->released) luaL_error(L, "attempt to use a closed process");
   return p;
 }
 
 static void wait_cleanup(void *data) {
   stream *s = data;
-  eng_proc *p = s->p;
   s->waiter = NULL;
-  if (s == &p->s[IN]) { s->off = s->len = 0; buf_free(s); }
-  arm(p);
+  if (s == &s->p->s[IN]) buf_free(s);
+  arm(s->p);
 }
 
-/* Waits on stream i for op (the running primitive is self), or completes
- * it at once when the data is there. */
+/* Completes op on stream i now, or waits for it (self: the primitive). */
 static int stream_op(lua_State *L, eng_proc *p, int i, int op, lua_CFunction self) {
   stream *s = &p->s[i];
   eng_task *t;
-  if (s->waiter || (p->finisher && i != IN))
-    return luaL_error(L, "another task is already waiting on this process");
+  if (s->waiter || (p->finisher && i != IN)) return luaL_error(L, BUSY);
   s->op = op;
   if (i != IN && !ready(p, i, op)) fill(p, i);
   if (ready(p, i, op)) return produce(p, i, op, L);
@@ -444,19 +360,30 @@ static int stream_op(lua_State *L, eng_proc *p, int i, int op, lua_CFunction sel
   return eng_task_yield(L, wait_cleanup, s);
 }
 
+/* Queues n bytes for stdin (closing it once they are out when close_after)
+ * and writes what fits at once. Raises if a write is already under way. */
+static void queue_input(lua_State *L, eng_proc *p, const char *data, size_t n,
+                        int close_after) {
+  stream *s = &p->s[IN];
+  if (s->waiter || s->off < s->len) luaL_error(L, "stdin is busy (another write or a stdin feed)");
+  if (n > 0 && !buf_reserve(s, n)) luaL_error(L, "out of memory");
+  if (n > 0) memcpy(s->buf + s->len, data, n);
+  s->len += n;
+  s->werr = 0;
+  p->close_after = close_after;
+  flush_in(p);
+  arm(p);
+}
+
 /* p:write(s) -> true, or nil, "closed" when stdin is closed (by the child
  * or by us). Yields until every byte is in the pipe. */
 static int l_write(lua_State *L) {
   eng_proc *p = check_proc(L, 1);
   size_t n;
   const char *data = luaL_checklstring(L, 2, &n);
-  stream *s = &p->s[IN];
-  if (s->fd < 0) return eng_fail(L, "closed");
-  if (s->waiter || s->off < s->len)
-    return luaL_error(L, "stdin is busy (another write or a stdin feed)");
+  if (p->s[IN].fd < 0) return eng_fail(L, "closed");
   if (!eng_task_current(L)) return eng_task_block(L, l_write);
-  s->werr = 0;
-  if (!queue_input(p, data, n)) return luaL_error(L, "out of memory");
+  queue_input(L, p, data, n, 0);
   return stream_op(L, p, IN, OP_WRITE, l_write);
 }
 
@@ -470,7 +397,7 @@ static int l_close_stdin(lua_State *L) {
 }
 
 static size_t opt_size(lua_State *L, int idx, size_t def) {
-  lua_Integer n = luaL_optinteger(L, idx, (lua_Integer)(def > LUA_MAXINTEGER ? LUA_MAXINTEGER : def));
+  lua_Integer n = luaL_optinteger(L, idx, def > LUA_MAXINTEGER ? LUA_MAXINTEGER : (lua_Integer)def);
   luaL_argcheck(L, n > 0, idx, "must be positive");
   return (size_t)n;
 }
@@ -489,9 +416,7 @@ static int l_read_stderr(lua_State *L) { return read_chunk(L, ERR, l_read_stderr
 
 /* The iterator of p:lines(): next stdout line without "\n", nil at EOF. */
 static int l_next_line(lua_State *L) {
-  eng_proc *p = check_proc(L, 1);
-  lua_settop(L, 1);
-  return stream_op(L, p, OUT, OP_LINE, l_next_line);
+  return stream_op(L, check_proc(L, 1), OUT, OP_LINE, l_next_line);
 }
 
 static int l_lines(lua_State *L) {
@@ -504,7 +429,7 @@ static int l_lines(lua_State *L) {
 /* p:kill([sig]): signals the whole process group (default SIGTERM); a
  * no-op once the child has exited or the process is closed. */
 static int l_kill(lua_State *L) {
-  eng_proc *p = to_proc(L, 1);
+  eng_proc *p = luaL_checkudata(L, 1, PROC_MT);
   int sig = (int)luaL_optinteger(L, 2, SIGTERM);
   luaL_argcheck(L, sig > 0 && sig < NSIG, 2, "bad signal number");
   if (!p->released) kill_group(p, sig);
@@ -512,28 +437,16 @@ static int l_kill(lua_State *L) {
   return 1;
 }
 
-/* Cancelled in wait/communicate: kill the group (it is reaped in the
- * background) and close every stream. */
+/* Cancelled in wait/communicate: SIGKILL the group, close every stream. */
 static void finish_cleanup(void *data) {
   eng_proc *p = data;
   p->finisher = NULL;
   ev_timer_stop(eng_loop(), &p->timer);
-  kill_group(p, SIGKILL);
-  p->killed = 1;
+  kill_now(p);
   p->capture = 0;
-  for (int i = IN; i <= ERR; i++) stream_close(p, i);
+  stream_close(p, OUT);
+  stream_close(p, ERR);
   update(p);
-}
-
-/* Queues input for stdin and closes it once written (nothing if stdin is
- * already closed). Raises if another write is under way. */
-static void feed(lua_State *L, eng_proc *p, const char *input, size_t n) {
-  stream *s = &p->s[IN];
-  if (s->fd < 0) return;
-  if (s->waiter || s->off < s->len) luaL_error(L, "stdin is busy (another write or a stdin feed)");
-  p->close_after = 1;
-  if (!queue_input(p, input, n)) luaL_error(L, "out of memory");
-  arm(p);
 }
 
 typedef struct finish_opts {
@@ -548,10 +461,11 @@ typedef struct finish_opts {
  * finishes once the child is reaped. For communicate, first feeds o->input
  * or closes stdin (unless a feed is under way). Pushes the result. */
 static int finish(lua_State *L, eng_proc *p, const finish_opts *o) {
-  if (p->finisher || p->s[OUT].waiter || p->s[ERR].waiter)
-    return luaL_error(L, "another task is already waiting on this process");
-  if (o->close_stdin && o->input) feed(L, p, o->input, o->input_len);
-  else if (o->close_stdin && !(p->close_after && p->s[IN].off < p->s[IN].len))
+  stream *in = &p->s[IN];
+  if (p->finisher || p->s[OUT].waiter || p->s[ERR].waiter) return luaL_error(L, BUSY);
+  if (o->close_stdin && o->input && in->fd >= 0)
+    queue_input(L, p, o->input, o->input_len, 1);
+  else if (o->close_stdin && !(p->close_after && in->off < in->len))
     stream_close(p, IN);
   p->capture = 1;
   p->max_output = o->max_output;
@@ -567,33 +481,25 @@ static int finish(lua_State *L, eng_proc *p, const finish_opts *o) {
 }
 
 static double opt_timeout(lua_State *L, int idx) {
-  double t;
-  if (lua_isnoneornil(L, idx)) return -1;
-  t = luaL_checknumber(L, idx);
-  luaL_argcheck(L, t >= 0, idx, "timeout must not be negative");
+  double t = lua_isnoneornil(L, idx) ? -1 : luaL_checknumber(L, idx);
+  luaL_argcheck(L, t >= 0 || lua_isnoneornil(L, idx), idx, "timeout must not be negative");
   return t;
 }
 
-/* A string field of opts, or NULL. [-0, +0, v] */
+/* A string field of the table at opts (0: none), or NULL. [-0, +0, v] */
 static const char *opt_string(lua_State *L, int opts, const char *k, size_t *len) {
   const char *s = NULL;
   if (opts == 0) return NULL;
-  lua_getfield(L, opts, k);
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "opts.%s must be a string", k);
-    s = lua_tolstring(L, -1, len);     /* anchored by opts */
-  }
+  if (lua_getfield(L, opts, k) == LUA_TSTRING) s = lua_tolstring(L, -1, len);
+  else if (!lua_isnil(L, -1)) luaL_error(L, "opts.%s must be a string", k);
   lua_pop(L, 1);
-  return s;
+  return s;                            /* anchored by opts */
 }
-
 
 /* Reads {stdin=, timeout=, max_output=} from the table at idx (or none). */
 static void check_finish_opts(lua_State *L, int idx, finish_opts *o) {
-  memset(o, 0, sizeof *o);
-  o->timeout = -1;
-  o->max_output = DEFAULT_MAX_OUTPUT;
-  o->close_stdin = 1;
+  finish_opts def = { NULL, 0, DEFAULT_MAX_OUTPUT, -1, 1 };
+  *o = def;
   if (lua_isnoneornil(L, idx)) return;
   luaL_checktype(L, idx, LUA_TTABLE);
   o->input = opt_string(L, idx, "stdin", &o->input_len);
@@ -623,21 +529,20 @@ static int l_communicate(lua_State *L) {
 
 /* p:close() and __close: release, waking waiting tasks with nil, "closed". */
 static int l_close(lua_State *L) {
-  proc_release(to_proc(L, 1));
+  proc_release(luaL_checkudata(L, 1, PROC_MT));
   return 0;
 }
 
-/* __gc: nobody can be waiting (a waiter anchors p), except at lua_close,
- * where tasks must not be woken. */
+/* __gc: only at lua_close can tasks still wait on p; never wake them. */
 static int l_gc(lua_State *L) {
-  eng_proc *p = to_proc(L, 1);
+  eng_proc *p = luaL_checkudata(L, 1, PROC_MT);
   p->finisher = p->s[IN].waiter = p->s[OUT].waiter = p->s[ERR].waiter = NULL;
   proc_release(p);
   return 0;
 }
 
 static int l_tostring(lua_State *L) {
-  eng_proc *p = to_proc(L, 1);
+  eng_proc *p = luaL_checkudata(L, 1, PROC_MT);
   lua_pushfstring(L, "engine.Process (pid %d%s)", p->pid,
                   p->released ? ", closed" : p->exited ? ", exited" : "");
   return 1;
@@ -645,7 +550,7 @@ static int l_tostring(lua_State *L) {
 
 /* __index: p.pid, else the methods table (upvalue 1). */
 static int l_index(lua_State *L) {
-  eng_proc *p = to_proc(L, 1);
+  eng_proc *p = luaL_checkudata(L, 1, PROC_MT);
   const char *k = lua_tostring(L, 2);
   if (k && strcmp(k, "pid") == 0) lua_pushinteger(L, p->pid);
   else lua_rawget(L, lua_upvalueindex(1));
@@ -674,6 +579,35 @@ static void setup_metatable(lua_State *L) {
   lua_pushcclosure(L, l_index, 1);
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
+}
+
+eng_proc *eng_proc_push(lua_State *L, int pid, int in_fd, int out_fd, int err_fd,
+                        const eng_proc_ops *ops, void *ctx) {
+  eng_proc *p;
+  setup_metatable(L);
+  p = lua_newuserdatauv(L, sizeof *p, 0);
+  memset(p, 0, sizeof *p);
+  for (int i = IN; i <= ERR; i++) {
+    stream *s = &p->s[i];
+    int fd = i == IN ? in_fd : i == OUT ? out_fd : err_fd;
+    s->p = p;
+    s->fd = fd;
+    s->eof = fd < 0;
+    s->want = SIZE_MAX;
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    if (fd >= 0) fcntl(fd, F_SETFD, FD_CLOEXEC);
+    ev_io_init(&s->io, io_cb, fd, i == IN ? EV_WRITE : EV_READ);
+    s->io.data = p;
+  }
+  ev_timer_init(&p->timer, timer_cb, 0, 0);
+  p->timer.data = p;
+  p->pid = pid;
+  p->ops = ops;
+  p->ctx = ctx;
+  p->max_output = DEFAULT_MAX_OUTPUT;
+  p->started = mono();
+  luaL_setmetatable(L, PROC_MT);
+  return p;
 }
 
 /* ---- host children ---------------------------------------------------------- */
@@ -712,44 +646,35 @@ static void child_cb(struct ev_loop *l, ev_child *w, int revents) {
 
 static const eng_proc_ops host_ops = { host_kill, host_release };
 
-typedef struct spawn_req {
-  const char **argv;
-  char **envp;
-  const char *cwd;
-} spawn_req;
+/* The strings of the table at idx (1..n, all strings, or raises) as a
+ * NULL-terminated array the table anchors. [-0, +1, m] */
+static char **string_array(lua_State *L, int idx, lua_Integer n, const char *what) {
+  char **v = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *v, 0);
+  for (lua_Integer i = 1; i <= n; i++, lua_pop(L, 1)) {
+    if (lua_geti(L, idx, i) != LUA_TSTRING) luaL_error(L, "%s must hold strings", what);
+    v[i - 1] = (char *)lua_tostring(L, -1);
+  }
+  v[n] = NULL;
+  return v;
+}
 
-/* cmd (a shell string or an argv table of strings) as a NULL-terminated
- * argv whose strings cmd anchors. Raises on bad types. [-0, +1, m] */
-static const char **check_argv(lua_State *L, int idx) {
-  const char **argv;
-  lua_Integer n;
+/* cmd (a shell string or an argv table) as an argv, or raises. [-0,+1,m] */
+static char **check_argv(lua_State *L, int idx) {
   if (lua_type(L, idx) == LUA_TSTRING) {
     const char *sh[] = { "/bin/sh", "-c", lua_tostring(L, idx), NULL };
     return memcpy(lua_newuserdatauv(L, sizeof sh, 0), sh, sizeof sh);
   }
   luaL_argexpected(L, lua_type(L, idx) == LUA_TTABLE, idx, "string or argv table");
-  n = luaL_len(L, idx);
-  luaL_argcheck(L, n >= 1, idx, "empty argv");
-  argv = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *argv, 0);
-  for (lua_Integer i = 1; i <= n; i++) {
-    if (lua_geti(L, idx, i) != LUA_TSTRING) luaL_argerror(L, idx, "argv entries must be strings");
-    argv[i - 1] = lua_tostring(L, -1);
-    lua_pop(L, 1);
-  }
-  argv[n] = NULL;
-  return argv;
+  luaL_argcheck(L, luaL_len(L, idx) >= 1, idx, "empty argv");
+  return string_array(L, idx, luaL_len(L, idx), "argv");
 }
 
-/* opts.env as an envp (NULL when absent). Pushes the "K=V" strings'
- * anchor and the array. [-0, +2, m] */
+/* opts.env as an envp, or NULL when absent. Pushes the table of "K=V"
+ * strings and the array. [-0, +2, m] */
 static char **check_env(lua_State *L, int opts) {
-  char **envp;
   int n = 0;
   lua_newtable(L);
-  if (opts == 0 || lua_getfield(L, opts, "env") == LUA_TNIL) {
-    lua_pushnil(L);
-    return NULL;
-  }
+  if (opts == 0 || lua_getfield(L, opts, "env") == LUA_TNIL) return NULL;
   luaL_argexpected(L, lua_istable(L, -1), opts, "table opts.env");
   for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) {
     if (lua_type(L, -2) != LUA_TSTRING || !lua_isstring(L, -1))
@@ -758,20 +683,15 @@ static char **check_env(lua_State *L, int opts) {
     lua_rawseti(L, -5, ++n);
   }
   lua_pop(L, 1);
-  envp = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *envp, 0);
-  for (int i = 1; i <= n; i++) {
-    lua_rawgeti(L, -2, i);
-    envp[i - 1] = (char *)lua_tostring(L, -1);
-    lua_pop(L, 1);
-  }
-  envp[n] = NULL;
-  return envp;
+  return string_array(L, lua_gettop(L), n, "env");
 }
+
+typedef struct spawn_req { char **argv, **envp; const char *cwd; } spawn_req;
 
 /* Checks cmd and opts (cwd, env); raises on bad types. [-0, +3, v] */
 static void check_spawn(lua_State *L, int cmd, int opts, spawn_req *r) {
-  if (opts && !lua_isnoneornil(L, opts)) luaL_checktype(L, opts, LUA_TTABLE);
-  else opts = 0;
+  if (lua_isnoneornil(L, opts)) opts = 0;
+  else luaL_checktype(L, opts, LUA_TTABLE);
   r->argv = check_argv(L, cmd);
   r->envp = check_env(L, opts);
   r->cwd = opt_string(L, opts, "cwd", NULL);
@@ -783,8 +703,7 @@ static void close_all(int *fds, int n) {
 
 /* Pipes: child[i] is the child's end of stream i, mine[i] the engine's. */
 static int open_pipes(int child[3], int mine[3]) {
-  int fd[2];
-  int e = 0;
+  int fd[2], e = 0;
   for (int i = 0; i < 3; i++) child[i] = mine[i] = -1;
   for (int i = 0; i < 3 && !e; i++) {
     if (pipe2(fd, O_CLOEXEC) < 0) e = errno;
@@ -814,8 +733,7 @@ static int spawn_with(const spawn_req *r, const int child[3], pid_t *pid) {
   posix_spawnattr_setpgroup(&at, 0);
   posix_spawnattr_setsigmask(&at, &none);
   posix_spawnattr_setsigdefault(&at, &all);
-  e = posix_spawnp(pid, r->argv[0], &fa, &at, (char *const *)r->argv,
-                   r->envp ? r->envp : environ);
+  e = posix_spawnp(pid, r->argv[0], &fa, &at, r->argv, r->envp ? r->envp : environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&at);
   return e;
@@ -833,12 +751,8 @@ static int do_spawn(lua_State *L, const spawn_req *r) {
     close_all(child, 3);
     if (e) close_all(mine, 3);
   }
-  if (e) {
-    free(h);
-    lua_pushnil(L);
-    lua_pushfstring(L, "spawn: %s", strerror(e));
-    return 2;
-  }
+  if (e) free(h);
+  if (e) return eng_fail(L, lua_pushfstring(L, "spawn: %s", strerror(e)));
   ev_child_init(&h->w, child_cb, pid, 0);
   ev_child_start(eng_loop(), &h->w);
   h->p = eng_proc_push(L, pid, mine[IN], mine[OUT], mine[ERR], &host_ops, h);
@@ -854,15 +768,15 @@ static int l_spawn(lua_State *L) {
   spawn_req r;
   size_t n = 0;
   const char *input;
+  lua_settop(L, 2);
   check_spawn(L, 1, 2, &r);
   input = opt_string(L, lua_istable(L, 2) ? 2 : 0, "stdin", &n);
   if (do_spawn(L, &r) != 1) return 2;
-  if (input) feed(L, lua_touserdata(L, -1), input, n);
+  if (input) queue_input(L, lua_touserdata(L, -1), input, n, 1);
   return 1;
 }
 
-/* proc.run(cmd, opts) -> result: spawn, then communicate. opts: cwd, env,
- * stdin, timeout, max_output. */
+/* proc.run(cmd, {cwd, env, stdin, timeout, max_output}) -> result */
 static int l_run(lua_State *L) {
   spawn_req r;
   finish_opts o;
