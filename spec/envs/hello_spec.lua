@@ -47,30 +47,6 @@ local function run_hello(out, argv, agent)
   return json.decode(table.concat(buf)), records
 end
 
--- What `engine gc` would do for one killed engine: its sandboxes died with
--- it (PDEATHSIG); remove their cgroups and state files.
-local function sweep(owner_pid)
-  local dir = sandbox.state_dir()
-  for _ = 1, 50 do
-    local left = 0
-    for name in lfs.dir(dir) do
-      local path = dir .. "/" .. name
-      local f = name:match("^sb%-.*%.json$") and io.open(path)
-      local d = f and json.safe_decode(f:read("a"))
-      if f then f:close() end
-      if type(d) == "table" and d.owner_pid == owner_pid then
-        for _, cg in ipairs(d.cgroups or {}) do lfs.rmdir(cg) end
-        local busy = false
-        for _, cg in ipairs(d.cgroups or {}) do busy = busy or lfs.attributes(cg) ~= nil end
-        if busy then left = left + 1 else os.remove(path) end
-      end
-    end
-    if left == 0 then return true end
-    engine.sleep(0.1)
-  end
-  return false
-end
-
 local function count_lines(path)
   local n, f = 0, io.open(path)
   if not f then return 0 end
@@ -176,18 +152,29 @@ describe("envs/hello", function()
   end)
 
   it("engine run: SIGKILL halfway, --resume: same episode count, no duplicates", function()
-    local child = assert(proc.spawn({ engine_bin, "run", HELLO, "--agent", "oracle", "-r", "4", "-c", "4",
-      "--out", out }, { cwd = root }))
+    -- its own state directory, so `engine gc` below sweeps only what it left
+    local state = out .. "/state"
+    local child = assert(proc.spawn({ "env", "ENGINE_STATE_DIR=" .. state, engine_bin, "run", HELLO,
+      "--agent", "oracle", "-r", "4", "-c", "4", "--out", out .. "/runs" }, { cwd = root }))
     local dir
     local deadline = engine.monotonic() + 60
     while engine.monotonic() < deadline do
-      dir = only_run(out)
+      dir = lfs.attributes(out .. "/runs") and only_run(out .. "/runs")
       if dir and count_lines(dir .. "/episodes.jsonl") >= 6 then break end
       engine.sleep(0.01)
     end
     child:kill(9)
     child:wait()
-    assert.is_true(sweep(child.pid))
+    local gc = proc.run({ "env", "ENGINE_STATE_DIR=" .. state, engine_bin, "gc" }, { timeout = 60 })
+    assert.equal(0, gc.code)
+    assert.matches("removed sb%-", gc.stdout)
+    assert.same({}, sandbox.records and (function()
+      local left = {}
+      for name in lfs.dir(state .. "/sandboxes") do
+        if name:match("^sb%-.*%.json$") then left[#left + 1] = name end
+      end
+      return left
+    end)() or {})
     local before = count_lines(dir .. "/episodes.jsonl")
     assert.is_true(before >= 6)
     local r = proc.run({ engine_bin, "run", HELLO, "--resume", dir, "--json", "-q" }, { cwd = root, timeout = 120 })
