@@ -345,7 +345,8 @@ describe("image builds", function()
       { "FROM host\nADD https://example.com/x /x\n", ":2: ADD from a URL is not supported" },
       { "FROM host\nRUN --mount=type=cache,target=/x true\n", ":2: RUN --mount is not supported" },
       { "FROM host\nCOPY --parents app /x\n", ":2: COPY --parents is not supported" },
-      { "FROM host\nFROM host\n", ":2: multi-stage builds are not supported (second FROM)" },
+      { "FROM host\nCOPY --from=nope /x /y\n", ":2: COPY --from=nope: unknown image 'nope'" },
+      { "FROM host AS a\nFROM host\nCOPY --from=a /no/such /y\n", ":3: COPY --from: no such file in the stage: /no/such" },
       { "USER x\nFROM host\n", ":1: USER before FROM" },
       { "FROM host\nCOPY --chown=nosuchuser app /x\n", ":2: COPY --chown: unknown user nosuchuser" },
     }
@@ -360,6 +361,27 @@ describe("image builds", function()
     assert.is_nil(r)
     assert.matches("cannot read the Dockerfile", err)
     assert.same({}, archive.list(store.root .. "/tmp"))
+  end)
+
+  it("builds multi-stage Dockerfiles with COPY --from a stage", function()
+    local ctx = context_copy()
+    local df = ctx .. "/Dockerfile.multi"
+    write(df, table.concat({
+      "FROM host AS builder", "ENV STAGE=builder", "COPY app/ /build/app/", "COPY conf/a.conf /build/conf.txt",
+      "FROM builder AS second", "COPY conf/b.conf /build/b.txt",
+      "FROM host", "COPY --from=builder /build/app /app", "COPY --from=0 /build/conf.txt /etc/",
+      "COPY --from=second /build/b.txt /build/conf.txt /both/", "" }, "\n"))
+    local r = assert(build(df, ctx))
+    assert.equal(4, #r.layers)                  -- three COPY --from layers over host
+    assert.is_nil(r.config.env.STAGE)
+    assert.equal("hello from app\n", read(r.layers[3] .. "/app/hello.txt"))
+    assert.equal("nested\n", read(r.layers[3] .. "/app/sub/deep.txt"))
+    assert.equal("a\n", read(r.layers[2] .. "/etc/conf.txt"))
+    assert.same({ "b.txt", "conf.txt" }, archive.list(r.layers[1] .. "/both"))
+    assert.equal(6, r.made)
+    -- prune keeps the stages' layers, so the rebuild stays cached
+    store:prune()
+    assert.equal(0, assert(build(df, ctx)).made)
   end)
 
   it("refuses a stack deeper than the sandbox can mount", function()
@@ -506,6 +528,9 @@ describe("archive import", function()
     assert.is_nil(image.lookup(r.layers, "/opaque/old.txt"))
     assert.truthy(image.lookup(r.layers, "/opaque/new.txt"))
     assert.truthy(image.lookup(r.layers, "/etc/keep.txt"))
+    assert.same({ "new.txt" }, image.list_visible(r.layers, "/opaque"))
+    local etc = image.list_visible(r.layers, "/etc")
+    assert.same({ "hard.txt", "keep.txt", "link.txt", "owned.txt" }, etc)
   end
 
   it("imports a docker save archive with whiteouts and an opaque dir", function()

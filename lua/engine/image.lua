@@ -144,6 +144,43 @@ function M.lookup(stack, path)
   return nil
 end
 
+-- Names in the directory `path` as the stack shows it (sorted), or nil
+-- when it is not a directory there: the union over layers down to an
+-- opaque directory, less whiteouts.
+function M.list_visible(stack, path)
+  local st = M.lookup(stack, path)
+  if not st or st.type ~= "dir" then return nil end
+  local parts, seen, names = {}, {}, {}
+  for p in path:gmatch("[^/]+") do parts[#parts + 1] = p end
+  local function add(dir)
+    for _, n in ipairs(archive.list(dir) or {}) do
+      if not seen[n] then
+        seen[n] = true
+        if not is_whiteout(archive.stat(dir .. "/" .. n)) then names[#names + 1] = n end
+      end
+    end
+  end
+  for _, dir in ipairs(stack) do
+    if dir == "host" then add(path) break end
+    local acc, state, opaque = dir, "dir", false
+    for i, p in ipairs(parts) do
+      acc = acc .. "/" .. p
+      local s = archive.stat(acc)
+      if not s then state = "missing" break end
+      if is_whiteout(s) or s.type ~= "dir" then state = "gone" break end
+      if i < #parts and archive.xattr(acc, "trusted.overlay.opaque") == "y" then opaque = true end
+    end
+    if state == "gone" then break end
+    if state == "dir" then
+      add(acc)
+      if archive.xattr(acc, "trusted.overlay.opaque") == "y" then break end
+    end
+    if opaque then break end
+  end
+  table.sort(names)
+  return names
+end
+
 -- Contents of the file `path` shows through the stack, or nil.
 function M.read_visible(stack, path)
   local st, real = M.lookup(stack, path)
@@ -229,13 +266,14 @@ resolve_any = function(image, spec, depth)
   return nil, "image table needs dockerfile, archive or layers"
 end
 
--- Resolves the base named by FROM. Unknown names fall back to host and say so.
-function M.resolve_base(name, warn)
+-- Resolves the base named by FROM. Unknown names fall back to host and say
+-- so (through warn), unless strict.
+function M.resolve_base(name, warn, strict)
   if name == "scratch" then return { layers = {}, config = M.default_config(),
                                      key = archive.sha256("base:scratch") } end
   local r, err = resolve_string(name, nil, 0)
   if r then return r end
-  if err and err:match("^unknown image") then
+  if err and err:match("^unknown image") and not strict then
     warn(string.format("unknown base image '%s', using host instead " ..
       "(map it with image.map or ENGINE_IMAGE_MAP)", name))
     return resolve_string("host", nil, 0)

@@ -407,10 +407,80 @@ end
 
 -- COPY and ADD: sources from the context (globs, directories), --chown,
 -- --chmod; ADD unpacks local tar archives.
+-- Copies what image path `path` shows through stack to layer path dst:
+-- files and links as they are, directories merged across layers.
+function Build:copy_from_stack(ins, stack, path, dst, o)
+  local st, real = image.lookup(stack, path)
+  if not st then self:fail(ins, "COPY --from: no such file in the stage: %s", path) end
+  if st.type ~= "dir" then
+    local ok, err = archive.copy(real, dst, o)
+    if not ok then self:fail(ins, "COPY --from: %s", err) end
+    return
+  end
+  if not archive.stat(dst) then assert(archive.mkdir(dst, st.mode, o.uid, o.gid)) end
+  for _, n in ipairs(image.list_visible(stack, path) or {}) do
+    self:copy_from_stack(ins, stack, (path == "/" and "" or path) .. "/" .. n, dst .. "/" .. n, o)
+  end
+end
+
+-- The stage or image COPY --from names: {layers, key}.
+function Build:from_source(ins, name)
+  local stage = self.stages[name:lower()] or self.stage_list[(tonumber(name) or -2) + 1]
+  if stage then return stage end
+  local base, err = image.resolve_base(name, function() end, true)
+  if not base then self:fail(ins, "COPY --from=%s: %s", name, err) end
+  return base
+end
+
+-- Sources of COPY --from=stage: image paths; the key input is the stage's key.
+function Build:stage_sources(ins, stage, words)
+  local sources = {}
+  for i = 1, #words - 1 do
+    local p = clean_abs(words[i]:sub(1, 1) == "/" and words[i] or "/" .. words[i])
+    if not image.lookup(stage.layers, p) then
+      self:fail(ins, "COPY --from: no such file in the stage: %s", words[i])
+    end
+    sources[#sources + 1] = p
+  end
+  return sources, { "stage=" .. tostring(stage.key) }
+end
+
+-- Sources of COPY/ADD from the context (globs), with their digests.
+function Build:context_sources(ins, words)
+  local sources, inputs = {}, {}
+  for i = 1, #words - 1 do
+    if words[i]:match("^%a[%w+.-]*://") then self:fail(ins, "%s from a URL is not supported", ins.cmd) end
+    local found = self:glob(ins, words[i])
+    if #found == 0 then self:fail(ins, "%s: no such file in the context: %s", ins.cmd, words[i]) end
+    for _, f in ipairs(found) do
+      sources[#sources + 1] = f
+      local digest, filtered = self:tree_digest(f)
+      inputs[#inputs + 1] = f:sub(#self.context + 2) .. "=" .. digest
+      if filtered then self.filtered[f] = true end
+    end
+  end
+  return sources, inputs
+end
+
+-- Owner and mode options of COPY/ADD.
+function Build:copy_opts(ins)
+  local o = { add = ins.cmd == "ADD", uid = 0, gid = 0, chown = ins.flags.chown }
+  if ins.flags.chown then
+    o.uid, o.gid = image.user_ids(self.layers, self:expand(ins.flags.chown))
+    if not o.uid then self:fail(ins, "%s --chown: %s", ins.cmd, o.gid) end
+  end
+  if ins.flags.chmod then
+    o.chmod = tonumber(ins.flags.chmod, 8)
+    if not o.chmod then self:fail(ins, "%s --chmod: not an octal mode", ins.cmd) end
+  end
+  return o
+end
+
+-- COPY and ADD: sources from the context (globs, directories) or from an
+-- earlier stage (--from), --chown, --chmod; ADD unpacks local tar archives.
 local function copy_like(b, ins)
-  if ins.flags.from then b:fail(ins, "%s --from is not supported (multi-stage builds)", ins.cmd) end
   for flag in pairs(ins.flags) do
-    if flag ~= "chown" and flag ~= "chmod" and flag ~= "link" then
+    if flag ~= "chown" and flag ~= "chmod" and flag ~= "link" and (flag ~= "from" or ins.cmd ~= "COPY") then
       b:fail(ins, "%s --%s is not supported", ins.cmd, flag)
     end
   end
@@ -421,35 +491,27 @@ local function copy_like(b, ins)
   local into_dir = dest:sub(-1) == "/" or #words > 2
   if dest:sub(1, 1) ~= "/" then dest = b.config.workdir .. "/" .. dest end
   dest = b:resolve_parent(clean_abs(dest))
-  local sources, inputs = {}, {}
-  for i = 1, #words - 1 do
-    if words[i]:match("^%a[%w+.-]*://") then b:fail(ins, "%s from a URL is not supported", ins.cmd) end
-    local found = b:glob(ins, words[i])
-    if #found == 0 then b:fail(ins, "%s: no such file in the context: %s", ins.cmd, words[i]) end
-    for _, f in ipairs(found) do
-      sources[#sources + 1] = f
-      local digest, filtered = b:tree_digest(f)
-      inputs[#inputs + 1] = f:sub(#b.context + 2) .. "=" .. digest
-      if filtered then b.filtered[f] = true end
-    end
-  end
+  local stage = ins.flags.from and b:from_source(ins, b:expand(ins.flags.from))
+  local sources, inputs
+  if stage then sources, inputs = b:stage_sources(ins, stage, words)
+  else sources, inputs = b:context_sources(ins, words) end
   into_dir = into_dir or #sources > 1
   local visible = image.lookup(b.layers, dest)
   if visible and visible.type == "dir" then into_dir = true end
-  local o = { add = ins.cmd == "ADD", uid = 0, gid = 0, chown = ins.flags.chown }
-  if ins.flags.chown then
-    o.uid, o.gid = image.user_ids(b.layers, b:expand(ins.flags.chown))
-    if not o.uid then b:fail(ins, "%s --chown: %s", ins.cmd, o.gid) end
-  end
-  if ins.flags.chmod then
-    o.chmod = tonumber(ins.flags.chmod, 8)
-    if not o.chmod then b:fail(ins, "%s --chmod: not an octal mode", ins.cmd) end
-  end
+  local o = b:copy_opts(ins)
   local key = sha(b.key, ins.cmd, json.encode(ins.flags), json.encode(words), dest,
     table.concat(inputs, "\n"))
   b:layer(ins, key, function(fs)
     for _, src in ipairs(sources) do
-      b:place(ins, fs, src, assert(archive.stat(src)), dest, into_dir, o)
+      if stage then
+        local st = image.lookup(stage.layers, src)
+        local target = (st.type ~= "dir" and into_dir) and (dest .. "/" .. basename(src)) or dest
+        assert(b:ensure_dir(fs, dirname(target), o.uid, o.gid))
+        b:copy_from_stack(ins, stage.layers, src, fs .. target, o)
+        if o.chmod then chmod_tree(fs .. target, o.chmod) end
+      else
+        b:place(ins, fs, src, assert(archive.stat(src)), dest, into_dir, o)
+      end
     end
   end)
 end
@@ -522,14 +584,29 @@ end
 function Build:from(ins)
   local words = dockerfile.words(dockerfile.expand(ins.args, self.global_args))
   if not words or not words[1] then self:fail(ins, "FROM needs an image") end
-  local base, err = image.resolve_base(words[1], function(msg) self:warn(ins, msg) end)
-  if not base then self:fail(ins, "FROM %s: %s", words[1], err) end
+  local base = self.stages[words[1]:lower()]
+  if not base then
+    local err
+    base, err = image.resolve_base(words[1], function(msg) self:warn(ins, msg) end)
+    if not base then self:fail(ins, "FROM %s: %s", words[1], err) end
+  end
   self.layers = copy_table(base.layers)
   self.keys = copy_table(base.keys or {})
-  self.base = base
+  self.base = base.base or base
   self.config = image.normalize_config(copy_table(base.config))
   self.key = sha("FROM", base.key or words[1])
+  self.args = {}
+  self.stage_name = words[2] and words[2]:upper() == "AS" and words[3] and words[3]:lower() or nil
   self:progress(ins, "")
+end
+
+-- Keeps the finished stage for FROM and COPY --from (by name and index).
+function Build:end_stage()
+  local stage = { layers = copy_table(self.layers), keys = copy_table(self.keys),
+                  config = copy_table(self.config), key = self.key, base = self.base }
+  self.stage_list[#self.stage_list + 1] = stage   -- COPY --from=0 is the first
+  if self.stage_name then self.stages[self.stage_name] = stage end
+  for _, k in ipairs(stage.keys) do self.stage_keys[#self.stage_keys + 1] = k end
 end
 
 -- Runs every instruction; returns the resolved image.
@@ -539,7 +616,7 @@ function Build:run(instructions)
   for i, ins in ipairs(instructions) do
     self.index = i
     if ins.cmd == "FROM" then
-      if seen_from then self:fail(ins, "multi-stage builds are not supported (second FROM)") end
+      if seen_from then self:end_stage() end
       self:from(ins)
       seen_from = true
     elseif not seen_from then
@@ -569,6 +646,7 @@ function M.build(store, img, spec)
     store = store, file = path, short = path:match("[^/]+/[^/]+$") or path, context = context,
     build_args = img.args or {}, args = {}, global_args = {}, quiet = quiet,
     network = img.network or "host", timeout = img.timeout, made = 0, filtered = {},
+    stages = {}, stage_list = {}, stage_keys = {},
   }, Build)
   b.ignore, b.ignore_keep = ignore.load(context)
   local ok, err = pcall(b.run, b, parsed.instructions)
@@ -578,6 +656,7 @@ function M.build(store, img, spec)
   end
   local name = "dockerfile:" .. (archive.realpath(path) or path) .. " context:" .. context
   store:record { name = name, kind = "dockerfile", layers = b.keys, config = b.config,
+                 stage_layers = json.array(b.stage_keys),
                  base = b.base.layers[#b.base.layers] == "host" and "host" or nil }
   return { layers = b.layers, config = b.config, key = b.key, keys = b.keys, made = b.made }
 end

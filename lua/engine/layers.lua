@@ -232,6 +232,7 @@ function Store:prune(opts)
       stats.images = stats.images + 1
     else
       for _, key in ipairs(rec.layers or {}) do used[key] = true end
+      for _, key in ipairs(rec.stage_layers or {}) do used[key] = true end
     end
   end
   for _, n in ipairs(archive.list(self.root .. "/layers") or {}) do
