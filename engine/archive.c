@@ -205,7 +205,7 @@ static int make_parents(char *path) {
 static int remove_tree(const char *path);
 
 /* Applies a whiteout entry `rel` (cleaned, base starting ".wh."). */
-static int apply_whiteout(const extract_opts *o, const char *rel, struct archive *in) {
+static int apply_whiteout(const extract_opts *o, const char *rel) {
   char target[PATH_MAX];
   const char *base = strrchr(rel, '/');
   size_t dirlen = base ? (size_t)(base - rel) : 0;
@@ -223,7 +223,6 @@ static int apply_whiteout(const extract_opts *o, const char *rel, struct archive
     errno = ENAMETOOLONG;
     return -1;
   }
-  (void)in;
   if (make_parents(target) < 0 || remove_tree(target) < 0) return -1;
   return mknod(target, S_IFCHR | 0, makedev(0, 0));
 }
@@ -275,7 +274,7 @@ static const char *apply_entry(extract_opts *o, struct archive *in,
   base = base ? base + 1 : rel;
   o->count++;
   if (o->whiteouts && strncmp(base, ".wh.", 4) == 0) {
-    if (apply_whiteout(o, rel, in) == 0) return NULL;
+    if (apply_whiteout(o, rel) == 0) return NULL;
     snprintf(msg, sizeof msg, "whiteout %s: %s", rel, strerror(errno));
     return msg;
   }
@@ -660,7 +659,6 @@ static int l_chmod(lua_State *L) {
 }
 
 static int64_t du_total;
-
 static int remove_cb(const char *p, const struct stat *st, int flag, struct FTW *f) {
   (void)st; (void)f;
   if (flag == FTW_DP) return rmdir(p) < 0 ? -1 : 0;
