@@ -10,9 +10,11 @@
  *             connect_timeout, idle_timeout, unix_socket, verify, cainfo,
  *             max_body}
  *     -> transfer (already running)
- *   t:head()   -> status, raw_headers | nil, err   (waits for the headers)
- *   t:read()   -> chunk | nil (end) | nil, err     (waits for body data)
- *   t:finish() -> status, raw_headers, body | nil, err (waits for the end)
+ *   t:head([timeout])   -> status, raw_headers | nil, err   (the headers)
+ *   t:read([timeout])   -> chunk | nil (end) | nil, err     (body data)
+ *   t:finish([timeout]) -> status, raw_headers, body | nil, err (the end)
+ *     each waits; a timeout ends only the wait (nil, "timeout"), not the
+ *     transfer
  *   t:close()  (also __close, __gc): removes the transfer from the multi
  *   core.stats() -> {transfers = n, sockets = n}
  *
@@ -24,6 +26,7 @@
 #include "engine.h"
 
 #include <curl/curl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +48,7 @@ typedef struct xfer {
   size_t max_body;
   buf head, body;
   struct xfer *next_ready;    /* on the dispatch list */
+  ev_timer wait_timer;        /* the waiter's own timeout, if it gave one */
   char err[CURL_ERROR_SIZE];
 } xfer;
 
@@ -155,6 +159,7 @@ static void deliver(xfer *x) {
   lua_State *co = eng_task_thread(t);
   int top = lua_gettop(main_L), n;
   x->waiter = NULL;
+  ev_timer_stop(eng_loop(), &x->wait_timer);
   lua_pushcfunction(main_L, push_results_p);
   lua_pushlightuserdata(main_L, x);
   if (eng_pcall(main_L, 1, LUA_MULTRET) != LUA_OK) {
@@ -289,6 +294,7 @@ static int multi_init(void) {
 /* Removes x from the multi and frees it; safe on any state, never raises. */
 static void xfer_free(xfer *x) {
   if (!x) return;
+  ev_timer_stop(eng_loop(), &x->wait_timer);
   if (x->easy) {
     if (!x->done) curl_multi_remove_handle(multi, x->easy);
     curl_easy_cleanup(x->easy);
@@ -398,6 +404,8 @@ static void set_common(lua_State *L, xfer *x) {
   curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
 }
 
+static void wait_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
 /* core.open(req) -> transfer. Raises on misuse; the transfer is already
  * running when it returns (its failures show up in head/read/finish). */
 static int l_open(lua_State *L) {
@@ -412,6 +420,7 @@ static int l_open(lua_State *L) {
   if (!multi_init() || !(x = calloc(1, sizeof *x))) return luaL_error(L, "http: out of memory");
   n_xfers++;
   u->x = x;
+  ev_timer_init(&x->wait_timer, wait_timer_cb, 0, 0);
   if (!(x->easy = curl_easy_init())) return luaL_error(L, "http: out of memory");
   x->max_body = (size_t)opt_number(L, 1, "max_body", DEFAULT_MAX_BODY);
   curl_easy_setopt(x->easy, CURLOPT_URL, url);
@@ -430,14 +439,33 @@ static int l_open(lua_State *L) {
 
 static void wait_cleanup(void *data) {
   xfer *x = data;
+  ev_timer_stop(eng_loop(), &x->wait_timer);
   x->waiter = NULL;
   x->want = W_NONE;
 }
 
+/* Wakes x's waiter with nil, msg (the transfer itself goes on). */
+static void wake_failed(lua_State *L, xfer *x, const char *msg) {
+  eng_task *t = x->waiter;
+  wait_cleanup(x);
+  eng_fail(L, msg);
+  lua_xmove(L, eng_task_thread(t), 2);
+  eng_task_wake(t, 2);
+}
+
+static void wait_timer_cb(struct ev_loop *loop, ev_timer *w, int revents) {
+  xfer *x = (xfer *)((char *)w - offsetof(xfer, wait_timer));
+  (void)loop; (void)revents;
+  if (x->waiter) wake_failed(main_L, x, "timeout");
+}
+
 /* Returns the results for `want` now if they are ready, else yields the
- * calling task until they are (or until it is cancelled / times out). */
+ * calling task until they are, until the optional timeout (argument 2, in
+ * seconds) passes (nil, "timeout"; the transfer goes on), or until the
+ * task is cancelled. */
 static int wait_for(lua_State *L, int want, lua_CFunction self) {
   xfer *x = check_xfer(L);
+  double timeout = luaL_optnumber(L, 2, -1);
   eng_task *t;
   if (x->waiter) return luaL_error(L, "http transfer already has a waiting task");
   x->want = want;
@@ -446,6 +474,10 @@ static int wait_for(lua_State *L, int want, lua_CFunction self) {
   if (!(t = eng_task_current(L))) return eng_task_block(L, self);
   x->want = want;
   x->waiter = t;
+  if (timeout >= 0) {
+    ev_timer_set(&x->wait_timer, timeout, 0);
+    ev_timer_start(eng_loop(), &x->wait_timer);
+  }
   return eng_task_yield(L, wait_cleanup, x);
 }
 
@@ -459,13 +491,7 @@ static int l_close(lua_State *L) {
   xfer_ud *u = check_ud(L);
   xfer *x = u->x;
   u->x = NULL;
-  if (x && x->waiter) {
-    eng_task *t = x->waiter;
-    x->waiter = NULL;
-    eng_fail(L, "closed");
-    lua_xmove(L, eng_task_thread(t), 2);
-    eng_task_wake(t, 2);
-  }
+  if (x && x->waiter) wake_failed(L, x, "closed");
   xfer_free(x);
   return 0;
 }

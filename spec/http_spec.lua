@@ -233,6 +233,25 @@ describe("engine.http", function()
       assert.equal("timeout", err)
     end)
 
+    it("bounds one wait with a timeout without ending the stream", function()
+      srv:script{ { chunks = { { data = "data: a\n\n" }, { data = "data: b\n\n", delay = 0.6 } } } }
+      local s <close> = assert(http.stream{ url = srv.url .. "/" })
+      assert.equal("a", s:next(5).data)
+      local t0 = engine.monotonic()
+      local ev, err = s:next(0.1)
+      assert.is_nil(ev)
+      assert.equal("timeout", err)
+      assert.is_true(engine.monotonic() - t0 < 0.5)
+      assert.equal("b", s:next(5).data)
+      assert.is_nil(s:next(5))
+      srv:script{ { body = "late", delay = 0.5 } }
+      local t <close> = http.core.open{ url = srv.url .. "/" }
+      assert.same({ nil, "timeout" }, { t:finish(0.05) })
+      local status, _, body = t:finish(5)
+      assert.equal(200, status)
+      assert.equal("late", body)
+    end)
+
     it("fails like a request when it cannot connect", function()
       local s, err = http.stream{ url = "http://127.0.0.1:1/" }
       assert.is_nil(s)

@@ -6,8 +6,9 @@
 --     -> {status, headers, body} | nil, err
 --   http.stream{...} -> stream | nil, err     (returns once headers arrived)
 --     stream.status, stream.headers
---     stream:read() -> chunk | nil (end) | nil, err
---     stream:next() -> {event, data, id} (next server-sent event) | nil | nil, err
+--     stream:read([timeout]) -> chunk | nil (end) | nil, err
+--     stream:next([timeout]) -> {event, data, id} (next server-sent event)
+--                               | nil (end) | nil, err
 --     stream:body() -> the rest of the body | nil, err
 --     stream:close()  (also <close>): removes the transfer
 --
@@ -20,6 +21,7 @@
 -- "connection: ...", "body too large", "closed". A status code is a result.
 -- Cancelling the task (or engine.sync.with_timeout) removes the transfer.
 local core = require "engine.http.core"
+local engine = require "engine"
 
 local M = {}
 
@@ -82,16 +84,17 @@ function M.stream(req)
                         transfer = t, pending = "" }, Stream)
 end
 
--- Next chunk of the body as it arrives; nil at the end.
-function Stream:read()
+-- Next chunk of the body as it arrives; nil at the end. With a timeout,
+-- nil, "timeout" when nothing came in time (the stream goes on).
+function Stream:read(timeout)
   if self.pending ~= "" then
     local p = self.pending
     self.pending = ""
     return p
   end
   if self.ended then return nil end
-  local chunk, err = self.transfer:read()
-  if not chunk then self.ended = true end
+  local chunk, err = self.transfer:read(timeout)
+  if not chunk and not (err == "timeout" and timeout) then self.ended = true end
   return chunk, err
 end
 
@@ -124,8 +127,10 @@ local function parse_event(block)
 end
 
 -- Next server-sent event: {event, data, id}; nil at the end of the stream.
-function Stream:next()
+-- With a timeout, nil, "timeout" when no whole event came in time.
+function Stream:next(timeout)
   self.sse = self.sse or ""
+  local deadline = timeout and engine.monotonic() + timeout
   while true do
     local s, e = self.sse:find("\n\n", 1, true)
     if s then
@@ -134,7 +139,7 @@ function Stream:next()
       local ev = parse_event(block)
       if ev then return ev end
     else
-      local chunk, err = self:read()
+      local chunk, err = self:read(deadline and math.max(0, deadline - engine.monotonic()))
       if not chunk then
         if err then return nil, err end
         local ev = self.sse ~= "" and parse_event(self.sse) or nil
