@@ -62,13 +62,22 @@ typedef struct sb_config {
   char mount_src[SB_MAX_EXTRA][PATH_MAX], mount_dst[SB_MAX_EXTRA][PATH_MAX];
   int mount_ro[SB_MAX_EXTRA];
   int nmounts;
+  char mask[PATH_MAX];           /* shared host mask, "" = build one */
   void *bpf;                     /* struct sock_fprog, built once */
 } sb_config;
 
 /* sb_rootfs.c: runs in the child; returns 0 or an errno with msg set. */
 int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen);
+/* The engine's shared host mask layer, (re)built when the host's top
+ * directories change; NULL if it cannot be built. */
+const char *eng_sb_mask_prepare(void);
 /* Builds the seccomp program once per engine; NULL on failure. */
 void *eng_sb_seccomp_prog(void);
+
+/* rm -r of name relative to dirfd, never following symlinks; 0 or -1. */
+int eng_sb_remove_tree(int dirfd, const char *name);
+/* Removes this engine's shared masks (at exit). */
+void eng_sb_mask_cleanup(void);
 
 /* sb_super.c: serves requests on fd until the engine goes away. */
 void eng_sb_serve(int fd) __attribute__((noreturn));

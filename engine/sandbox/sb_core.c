@@ -403,6 +403,7 @@ static void at_exit(void) {
     finish_files(sb);
     sb->state = ST_CLEAN;
   }
+  eng_sb_mask_cleanup();
 }
 
 /* ---- create -------------------------------------------------------------- */
@@ -524,31 +525,31 @@ static pid_t spawn_child(int *pair) {
 static int l_create(lua_State *L) {
   char err[256];
   int pair[2];
-  sb_cgroup cg;
   luaL_checktype(L, 1, LUA_TTABLE);
   read_config(L, 1);
   if (!(cfg.bpf = eng_sb_seccomp_prog())) return eng_fail(L, "cannot build the seccomp filter");
+  const char *mask = cfg.nhide ? NULL : eng_sb_mask_prepare();
+  snprintf(cfg.mask, sizeof cfg.mask, "%s", mask ? mask : "");
   sbox **ud = push_box(L);
-  if (eng_sb_cgroup_create(&cg, cfg.id, (long long)get_num(L, 1, "memory"),
-                           (long long)get_num(L, 1, "pids"), get_num(L, 1, "cpus"),
-                           err, sizeof err) < 0)
-    return eng_fail(L, err);
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
-    eng_sb_cgroup_remove(&cg);
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0)
     return eng_fail(L, "cannot create the supervisor socket");
-  }
   pid_t pid = spawn_child(pair);
   close(pair[1]);
-  if (pid < 0) { close(pair[0]); eng_sb_cgroup_remove(&cg); return eng_fail(L, "clone failed"); }
+  if (pid < 0) { close(pair[0]); return eng_fail(L, "clone failed"); }
   if (!(*ud = box_new(L, 1, pid, pair[0]))) {
     kill(pid, SIGKILL);
     close(pair[0]);
     return eng_fail(L, "out of memory");
   }
-  (*ud)->cg = cg;
-  if (eng_sb_cgroup_add(&cg, pid) < 0) {
+  /* The child builds its root meanwhile; it runs no command before it has
+   * been moved into its cgroups (commands start only on our request). */
+  if (eng_sb_cgroup_create(&(*ud)->cg, cfg.id, (long long)get_num(L, 1, "memory"),
+                           (long long)get_num(L, 1, "pids"), get_num(L, 1, "cpus"),
+                           err, sizeof err) < 0 ||
+      (eng_sb_cgroup_add(&(*ud)->cg, pid) < 0 &&
+       snprintf(err, sizeof err, "cannot join the sandbox cgroups (%s)", strerror(errno)))) {
     box_stop(*ud);
-    return eng_fail(L, "cannot join the sandbox cgroups");
+    return eng_fail(L, err);
   }
   return 1;
 }

@@ -14,7 +14,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <string.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -192,15 +191,10 @@ static int host_mkdir(lua_State *L) {
   return 1;
 }
 
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
-  (void)st; (void)f;
-  return (flag == FTW_DP ? rmdir(p) : unlink(p)) < 0 && errno != ENOENT ? -1 : 0;
-}
-
 /* host_rmtree(path) -> true | nil, err (a missing path is not an error) */
 static int host_rmtree(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
-  if (nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0 && errno != ENOENT)
+  if (eng_sb_remove_tree(AT_FDCWD, path) < 0 && errno != ENOENT)
     return fail_errno(L, errno);
   lua_pushboolean(L, 1);
   return 1;

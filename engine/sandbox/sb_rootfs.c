@@ -87,7 +87,6 @@ static int empty_mode(const char *rel) {
 /* An empty directory in the mask that hides whatever the host has there. */
 static int make_opaque(const char *path, mode_t mode) {
   if (mkdir(path, mode) < 0 && errno != EEXIST) return -1;
-  chmod(path, mode);
   return setxattr(path, "trusted.overlay.opaque", "y", 1, 0);
 }
 
@@ -121,7 +120,7 @@ static int mask_dir(const char *mask, const char *rel) {
 
 /* Creates the empties the host lacks (a fresh /run on a host without one). */
 static int mask_empties(const char *mask) {
-  char out[PATH_MAX];
+  char out[PATH_MAX * 2];
   for (int i = 0; empties[i].path; i++) {
     snprintf(out, sizeof out, "%s/%s", mask, empties[i].path);
     if (mkdir(out, empties[i].mode) < 0 && errno != EEXIST && errno != ENOENT)
@@ -160,13 +159,62 @@ static int build_mask(const sb_config *cfg, const char *mask) {
  * (t/host): overlayfs refuses a lower layer inside another lower's tree,
  * and image layers usually live somewhere under the host's "/". */
 static int host_lower(const sb_config *cfg, const char *t, char *out, size_t len) {
-  char opts[PATH_MAX + 32];
-  if (build_mask(cfg, "mask") < 0) return -1;
-  if (cfg->nlayers == 1) return snprintf(out, len, "%s/mask:/", t) >= (int)len ? -1 : 0;
-  snprintf(opts, sizeof opts, "lowerdir=%s/mask:/", t);
+  char opts[PATH_MAX * 2 + 32], mask[PATH_MAX + 8];
+  if (*cfg->mask && !cfg->nhide) snprintf(mask, sizeof mask, "%s", cfg->mask);
+  else if (build_mask(cfg, "mask") < 0) return -1;
+  else snprintf(mask, sizeof mask, "%s/mask", t);
+  if (cfg->nlayers == 1) return snprintf(out, len, "%s:/", mask) >= (int)len ? -1 : 0;
+  snprintf(opts, sizeof opts, "lowerdir=%s:/", mask);
   if (mkdir("host", 0755) < 0 || mount("overlay", "host", "overlay", MS_RDONLY, opts) < 0)
     return -1;
   return snprintf(out, len, "%s/host", t) >= (int)len ? -1 : 0;
+}
+
+/* ---- the shared mask ------------------------------------------------------- */
+
+/* Building the mask costs ~100 syscalls, so the engine builds one and every
+ * sandbox without `hide` shares it as a read-only lower. It lives on
+ * /dev/shm (a tmpfs: overlayfs refuses a lower inside another lower's tree,
+ * and "/" is one) and is rebuilt whenever a directory it mirrors changes. */
+static struct { char path[PATH_MAX]; struct timespec mt[3]; int gen; } shared;
+static const char *mirrored[3] = {"/", "/var", "/var/lib"};
+
+static int mask_current(void) {
+  struct stat st;
+  if (!*shared.path) return 0;
+  for (int i = 0; i < 3; i++) {
+    if (stat(mirrored[i], &st) < 0) memset(&st, 0, sizeof st);
+    if (st.st_mtim.tv_sec != shared.mt[i].tv_sec || st.st_mtim.tv_nsec != shared.mt[i].tv_nsec)
+      return 0;
+  }
+  return 1;
+}
+
+void eng_sb_mask_cleanup(void) {
+  char path[PATH_MAX];
+  for (int g = 1; g <= shared.gen; g++) {
+    snprintf(path, sizeof path, "/dev/shm/engine-mask-%d-%d", (int)getpid(), g);
+    eng_sb_remove_tree(AT_FDCWD, path);
+  }
+  *shared.path = 0;
+}
+
+const char *eng_sb_mask_prepare(void) {
+  static const sb_config none;
+  struct stat st;
+  char path[PATH_MAX];
+  if (mask_current()) return shared.path;
+  for (int i = 0; i < 3; i++) {
+    if (stat(mirrored[i], &st) < 0) memset(&st, 0, sizeof st);
+    shared.mt[i] = st.st_mtim;
+  }
+  snprintf(path, sizeof path, "/dev/shm/engine-mask-%d-%d", (int)getpid(), ++shared.gen);
+  mode_t old = umask(0);
+  int rc = build_mask(&none, path);
+  umask(old);
+  if (rc < 0) { *shared.path = 0; return NULL; }   /* each sandbox builds its own */
+  snprintf(shared.path, sizeof shared.path, "%s", path);
+  return shared.path;
 }
 
 /* Builds "lowerdir=...,upperdir=...,workdir=..." into opts. */
@@ -284,12 +332,9 @@ static int mount_dev(void) {
   for (int i = 0; nodes[i].name; i++) {
     snprintf(path, sizeof path, "/dev/%s", nodes[i].name);
     if (mknod(path, S_IFCHR | 0666, makedev(nodes[i].major, nodes[i].minor)) < 0) return -1;
-    chmod(path, 0666);
   }
   for (int i = 0; links[i][0]; i++) if (symlink(links[i][0], links[i][1]) < 0) return -1;
-  if (mkdir("/dev/pts", 0755) < 0 || mkdir("/dev/shm", 01777) < 0 ||
-      chmod("/dev/shm", 01777) < 0)
-    return -1;
+  if (mkdir("/dev/pts", 0755) < 0 || mkdir("/dev/shm", 01777) < 0) return -1;
   return mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
                "newinstance,ptmxmode=0666,mode=0620,gid=5");
 }
@@ -382,6 +427,7 @@ static int lock_down(const sb_config *cfg) {
 
 int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
   int trees[SB_MAX_EXTRA], e;
+  umask(0);
   errno = 0;
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     FAIL(msg, msglen, "cannot make the mount namespace private");
@@ -397,6 +443,7 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
   if (sethostname(cfg->id, strlen(cfg->id)) < 0) FAIL(msg, msglen, "cannot set the hostname");
   if (cfg->net_none && loopback_up() < 0) FAIL(msg, msglen, "cannot bring lo up");
   if (lock_down(cfg) < 0) FAIL(msg, msglen, "cannot drop privileges");
+  umask(022);
   return 0;
 }
 

@@ -296,6 +296,12 @@ static char *read_names(int fd, size_t *n) {
 
 /* rm -r of name in dirfd, never following symlinks. Names are read before
  * anything is removed (tmpfs readdir may skip entries removed under it). */
+static int remove_at(int dirfd, const char *name, int depth);
+
+int eng_sb_remove_tree(int dirfd, const char *name) {
+  return remove_at(dirfd, name, 0);
+}
+
 static int remove_at(int dirfd, const char *name, int depth) {
   if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT) return 0;
   if (errno != EISDIR || depth > 512) return -1;

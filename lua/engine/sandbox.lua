@@ -551,6 +551,11 @@ function M.gc(opts)
     if name:match("%.json%.tmp$") and now - (mtime or now) > 60 then os.remove(dir .. "/" .. name) end
   end
   sweep_orphans(known, now, removed)
+  -- shared host masks (/dev/shm/engine-mask-PID-GEN) of engines that are gone
+  for _, name in ipairs(core.host_list("/dev/shm") or {}) do
+    local pid = name:match("^engine%-mask%-(%d+)%-%d+$")
+    if pid and not engine_alive(tonumber(pid)) then core.host_rmtree("/dev/shm/" .. name) end
+  end
   return removed, failed
 end
 
