@@ -28,11 +28,9 @@ local function sh(cmd)
   assert(ok, "command failed: " .. cmd)
 end
 
--- The store lives on /dev/shm (tmpfs) when there is one: the sandbox's
--- "host" lower is the host's "/" itself, and overlayfs refuses a lower
--- layer that sits inside another ("overlapping lowerdir path") until the
--- sandbox mounts the host view as an overlay of its own.
-local TMP_BASE = archive.stat("/dev/shm") and "/dev/shm" or "/tmp"
+-- On the root filesystem, like the default store: the sandbox must stack
+-- layers from it over the host lower (which is "/" itself).
+local TMP_BASE = "/tmp"
 
 local tmp, store
 local function fresh_store()
@@ -289,6 +287,24 @@ describe("image builds", function()
     assert.equal("1000", r.config.user)
     assert.same({ "sh", "-c", "echo hi" }, r.config.cmd)
     assert.same({ version = "2" }, r.config.labels)
+  end)
+
+  it("reports progress per instruction, and nothing when all is cached", function()
+    local ctx = context_copy()
+    local df = copy_only(ctx)
+    local lines = {}
+    local img = { dockerfile = df, context = ctx, progress = function(l) lines[#lines + 1] = l end }
+    assert(image.resolve(img))
+    assert.equal(13, #lines)
+    assert.matches("Dockerfile.copy:1 %[1/13%] FROM host", lines[1])
+    assert.matches("Dockerfile.copy:5 %[5/13%] COPY app/ ./  [%d.]+s$", lines[5])
+    lines = {}
+    assert(image.resolve(img))
+    assert.same({}, lines)
+    write(ctx .. "/conf/a.conf", "new\n")
+    assert(image.resolve(img))
+    assert.equal(13, #lines)                      -- everything once work is needed
+    assert.matches("COPY app/ ./  cached$", lines[5])
   end)
 
   it("rebuilds only from the COPY whose file changed", function()

@@ -4,7 +4,7 @@
 --     {workdir, env, user, cmd, entrypoint, shell, labels, expose}} | nil, err
 --
 -- image is {dockerfile = PATH, context = DIR, args = {...}, network =
--- "host", timeout = s, quiet = bool}, "archive:FILE.tar", a name mapped with
+-- "host", timeout = s, quiet = bool, progress = function(line)}, "archive:FILE.tar", a name mapped with
 -- image.map(name, base) or in the ENGINE_IMAGE_MAP JSON file ({"name":
 -- base}), or an already resolved {layers = ...}. The bottom of `layers` may
 -- be the string "host" (the host allow-list lower). Built and imported

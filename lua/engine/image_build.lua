@@ -46,12 +46,31 @@ function Build:fail(ins, fmt, ...)
   error(setmetatable({ message = msg }, BUILD_ERROR), 0)
 end
 
+-- Progress lines wait in a buffer until some step has real work to do:
+-- a fully cached build (every sandbox of a built image) prints nothing.
 function Build:say(line)
-  if not self.quiet then io.stderr:write("[image] ", line, "\n") end
+  if self.quiet then return end
+  if not self.live then self.buffered[#self.buffered + 1] = line
+  elseif self.progress_fn then self.progress_fn(line)
+  else io.stderr:write("[image] ", line, "\n") end
 end
 
+-- From now on progress is printed as it happens (buffered lines first).
+function Build:go_live()
+  if self.live then return end
+  self.live = true
+  for _, line in ipairs(self.buffered) do self:say(line) end
+  self.buffered = {}
+end
+
+local warned = {}
+
+-- A warning, printed once per process for each file, line and text.
 function Build:warn(ins, msg)
-  io.stderr:write(string.format("engine: %s:%d: warning: %s\n", self.file, ins.line, msg))
+  local text = string.format("engine: %s:%d: warning: %s\n", self.file, ins.line, msg)
+  if warned[text] then return end
+  warned[text] = true
+  io.stderr:write(text)
 end
 
 -- One progress line: FILE:LINE [i/n] INSTRUCTION status.
@@ -351,6 +370,7 @@ end
 function Build:layer(ins, key, make)
   local t0 = engine.monotonic()
   local fs, hit = self.store:ensure(key, function(fs)
+    self:go_live()
     make(fs)
     return { created_by = ins.text, parent = self.keys[1] }
   end, self.timeout)
@@ -641,12 +661,12 @@ function M.build(store, img, spec)
   if not context then return nil, tostring(img.context) .. ": no such build context" end
   local parsed, perr = dockerfile.parse(text, path)
   if not parsed then return nil, perr end
-  local quiet = img.quiet or os.getenv("ENGINE_IMAGE_QUIET") == "1"
+  local quiet = (img.quiet or os.getenv("ENGINE_IMAGE_QUIET") == "1") and not img.progress
   local b = setmetatable({
     store = store, file = path, short = path:match("[^/]+/[^/]+$") or path, context = context,
     build_args = img.args or {}, args = {}, global_args = {}, quiet = quiet,
     network = img.network or "host", timeout = img.timeout, made = 0, filtered = {},
-    stages = {}, stage_list = {}, stage_keys = {},
+    stages = {}, stage_list = {}, stage_keys = {}, buffered = {}, progress_fn = img.progress,
   }, Build)
   b.ignore, b.ignore_keep = ignore.load(context)
   local ok, err = pcall(b.run, b, parsed.instructions)
