@@ -675,10 +675,15 @@ static int m_gc(lua_State *L) {
   return 0;
 }
 
-/* box:alive() -> bool (no round trip) */
+/* box:alive() -> bool: pid 1 is up and its end of the socket is open (no
+ * round trip, nothing that can hang). */
 static int m_alive(lua_State *L) {
   sbox **ud = luaL_checkudata(L, 1, BOX_MT);
-  lua_pushboolean(L, *ud && (*ud)->state <= ST_READY && kill((*ud)->pid, 0) == 0);
+  sbox *sb = *ud;
+  struct pollfd pf = {sb ? sb->sock : -1, 0, 0};
+  int up = sb && sb->state <= ST_READY && sb->sock >= 0 && kill(sb->pid, 0) == 0 &&
+           !(poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR)));
+  lua_pushboolean(L, up);
   return 1;
 }
 

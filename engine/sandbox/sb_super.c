@@ -38,6 +38,7 @@
 typedef struct command { pid_t pid; uint32_t seq; } command;
 
 static int sock = -1;
+static int send_flags = MSG_DONTWAIT;   /* the engine never blocks; pid 1 may */
 static command *cmds;
 static size_t ncmds, capcmds;
 
@@ -58,7 +59,9 @@ int eng_sb_send(int fd, const sb_msg *m, const void *payload, size_t len,
     c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
     memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
   }
-  return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 ? -1 : 0;
+  ssize_t n;
+  do n = sendmsg(fd, &mh, MSG_NOSIGNAL | send_flags); while (n < 0 && errno == EINTR);
+  return n < 0 ? -1 : 0;
 }
 
 /* Collects passed descriptors (at most 3 kept, the rest closed). */
@@ -392,6 +395,7 @@ void eng_sb_serve(int fd) {
   sb_msg m;
   int fds[3], nfds, sfd;
   sock = fd;
+  send_flags = 0;          /* an exit report must never be dropped */
   reset_signals(&sfd);
   pf[0] = (struct pollfd){sock, POLLIN, 0};
   pf[1] = (struct pollfd){sfd, POLLIN, 0};
