@@ -405,6 +405,23 @@ describe("engine.sandbox", function()
       assert.is_true(eventually(function() return gone(t) end))
     end)
 
+    it("notices pid 1 dying on its own: pending work ends, nothing leaks", function()
+      local b = assert(sandbox.new {})
+      local t = traces(b)
+      local p = assert(b:spawn("sleep 30"))
+      local task = engine.spawn(function() return b:exec("sleep 30") end)
+      engine.sleep(0.2)
+      core.kill(t.pid, 9)
+      local ok, r = task:join()
+      assert.is_true(ok)
+      assert.equal(9, r.signal)
+      assert.equal(9, p:wait(5).signal)
+      assert.is_false(b:alive())
+      assert.same({ nil, "closed" }, { b:exec("true") })
+      assert.is_true(eventually(function() return gone(t) end))
+      b:stop()
+    end)
+
     it("stops at the end of a <close> scope and when collected", function()
       local t
       do
