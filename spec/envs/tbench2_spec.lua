@@ -223,6 +223,17 @@ local describe_episodes = EPISODES and describe or pending
 local ENGINE = lfs.symlinkattributes("/proc/self/exe", "target")
 local AGENTS = FIXTURES .. "/agents"
 
+-- Names in a host directory (none when it is missing), without dotfiles.
+local function list_dir(path)
+  local out = {}
+  if lfs.attributes(path, "mode") ~= "directory" then return out end
+  for name in lfs.dir(path) do
+    if name:sub(1, 1) ~= "." then out[#out + 1] = name end
+  end
+  table.sort(out)
+  return out
+end
+
 local function sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
@@ -243,22 +254,26 @@ end
 -- Runs `engine run envs/tbench2.lua ARGS` in a subprocess with its own state
 -- directory; returns {code, stdout, stderr, episodes = {task id -> record},
 -- run_dir, live = sandboxes still recorded in the state dir}.
-local function run_env(args, extra_env)
+local function run_env(args, extra_env, interrupt_after)
   local out = tmpdir()
   local state = out .. "/state"
   assert(lfs.mkdir(state))
-  local cmd = string.format(
-    "cd %s && ENGINE_STATE_DIR=%s ENGINE_LAUNCHER=tb2spec %s %s run envs/tbench2.lua -q --out %s %s 2>%s",
-    sh_quote(ROOT), sh_quote(state), extra_env or "", sh_quote(ENGINE), sh_quote(out .. "/runs"),
+  local engine_cmd = string.format(
+    "ENGINE_STATE_DIR=%s ENGINE_LAUNCHER=tb2spec %s exec %s run envs/tbench2.lua -q --out %s %s 2>%s",
+    sh_quote(state), extra_env or "", sh_quote(ENGINE), sh_quote(out .. "/runs"),
     args, sh_quote(out .. "/stderr"))
+  local cmd = "cd " .. sh_quote(ROOT) .. " && (" .. engine_cmd .. ")"
+  if interrupt_after then
+    -- In the background, then SIGINT as a user's Ctrl-C would.
+    cmd = string.format("%s & pid=$!; sleep %s; kill -INT $pid; wait $pid; echo rc=$?",
+      cmd, interrupt_after)
+  end
   local p = io.popen(cmd)
   local stdout = p:read("a")
   local _, _, code = p:close()
   local res = { code = code, stdout = stdout, stderr = read(out .. "/stderr"), episodes = {},
                 tmp = out }
-  for name in lfs.dir(out .. "/runs") do
-    if name:sub(1, 1) ~= "." then res.run_dir = out .. "/runs/" .. name end
-  end
+  for _, name in ipairs(list_dir(out .. "/runs")) do res.run_dir = out .. "/runs/" .. name end
   if res.run_dir then
     for _, rec in ipairs(read_lines_json(res.run_dir .. "/episodes.jsonl")) do
       res.episodes[rec.task or rec.task_id] = rec
@@ -278,24 +293,174 @@ local function reward_of(rec)
   return rec and tonumber(rec.reward)
 end
 
+-- Live sandboxes `engine ps` still lists for a run's private state dir.
+local function live_boxes(res)
+  local n = 0
+  for line in res.ps:gmatch("[^\n]+") do
+    if line:match("^sb%-%x+") then n = n + 1 end
+  end
+  return n
+end
+
+local function all_rewards(res, want)
+  for _, name in ipairs(EXAMPLE_TASKS) do
+    local rec = res.episodes[name]
+    assert.is_table(rec, name .. " has no episode record: " .. res.stderr)
+    assert.equal(want, reward_of(rec), name .. ": " .. (rec.error and rec.error.message or ""))
+  end
+end
+
 describe_episodes("tbench2 episodes", function()
   it("scores every example task 1.0 with the oracle", function()
     local before = fingerprint(EXAMPLES)
     local res = run_env("--tasks examples/tbench2 --agent oracle -c 2")
     finally(function() cleanup_run(res) end)
     assert.equal(0, res.code, res.stderr)
-    for _, name in ipairs(EXAMPLE_TASKS) do
-      assert.equal(1.0, reward_of(res.episodes[name]), name .. ": " .. res.stderr)
-    end
+    all_rewards(res, 1.0)
     assert.equal(before, fingerprint(EXAMPLES))
+    assert.equal(0, live_boxes(res), res.ps)
+    -- The verifier's files are kept with the episode's trace.
+    local dir = res.run_dir .. "/traces/log-stats.r0/"
+    assert.truthy(read(dir .. "reward.json"):find("status_counts", 1, true))
+    assert.truthy(read(dir .. "ctrf.json"):find("test_top_path", 1, true))
+    assert.truthy(read(dir .. "test-stdout.txt"):find("PASSED", 1, true))
+    assert.equal(4, #(function() local t = {} for k in pairs(res.episodes["log-stats"].rewards) do t[#t + 1] = k end return t end)())
   end)
 
   it("scores every example task 0.0 with a do-nothing agent", function()
     local res = run_env("--tasks examples/tbench2 -c 2 --agent script:" .. AGENTS .. "/noop.lua")
     finally(function() cleanup_run(res) end)
+    assert.equal(0, res.code, res.stderr)
+    all_rewards(res, 0.0)
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  it("scores with pytest on the staged tests under --verifier pytest", function()
+    local res = run_env("--tasks examples/tbench2 -c 2 --agent oracle --verifier pytest")
+    finally(function() cleanup_run(res) end)
+    all_rewards(res, 1.0)
+    local trace = read(res.run_dir .. "/traces/hello-file.r0.jsonl")
+    assert.truthy(trace:find('"verifier":"pytest"', 1, true), trace)
+  end)
+
+  it("filters tasks by name with -t", function()
+    local res = run_env("--tasks examples/tbench2 --agent oracle -t 'kv-*' -t hello-file")
+    finally(function() cleanup_run(res) end)
+    assert.equal(1.0, reward_of(res.episodes["kv-server"]))
+    assert.equal(1.0, reward_of(res.episodes["hello-file"]))
+    assert.is_nil(res.episodes["log-stats"])
+  end)
+
+  it("reports a broken task.toml in one line naming the file and field", function()
+    local res = run_env("--tasks spec/fixtures/tbench2/broken/bad-memory --agent oracle")
+    finally(function() cleanup_run(res) end)
+    assert.not_equal(0, res.code)
+    assert.truthy(res.stderr:find("bad-memory/task.toml: [environment] memory: expected a size", 1, true),
+      res.stderr)
+  end)
+
+  -- Every reward hack scores 0 on every task and leaves the task dirs alone.
+  local hacks = { "plant_conftest", "symlink_dirs", "symlink_logs", "early_reward", "search", "edit_host" }
+  for _, hack in ipairs(hacks) do
+    it("defeats the " .. hack .. " reward hack", function()
+      local before = fingerprint(EXAMPLES)
+      local found = os.tmpname()
+      local res = run_env("--tasks examples/tbench2 -c 2 --agent script:" .. AGENTS .. "/" .. hack .. ".lua",
+        "TB2_SPEC_OUT=" .. sh_quote(found))
+      finally(function() cleanup_run(res); os.remove(found) end)
+      assert.equal(0, res.code, res.stderr)
+      for _, name in ipairs(EXAMPLE_TASKS) do
+        local rec = res.episodes[name]
+        assert.equal("ok", rec.status, name .. ": " .. tostring(rec.error and rec.error.message))
+        assert.equal(0, reward_of(rec), name)
+      end
+      assert.equal("", read(found))
+      assert.equal(before, fingerprint(EXAMPLES))
+      assert.equal(0, live_boxes(res), res.ps)
+    end)
+  end
+
+  it("defeats a background watcher under --verify fresh", function()
+    local res = run_env("--tasks examples/tbench2 -c 2 --verify fresh --agent script:" .. AGENTS .. "/watcher.lua")
+    finally(function() cleanup_run(res) end)
+    all_rewards(res, 0.0)
+    assert.equal(0, live_boxes(res), res.ps)
+    -- The agent's upper layers are gone with their boxes.
+    assert.same({}, list_dir(res.tmp .. "/state/tbench2-upper"))
+  end)
+
+  it("verifies fresh boxes with the agent's files: the oracle still passes", function()
+    local res = run_env("--tasks examples/tbench2 -c 2 --verify fresh --agent oracle -t '*-*'")
+    finally(function() cleanup_run(res) end)
     for _, name in ipairs(EXAMPLE_TASKS) do
-      assert.equal(0.0, reward_of(res.episodes[name]), name .. ": " .. res.stderr)
+      -- kv-server's service does not survive into a fresh box, by design.
+      local want = name == "kv-server" and 0 or 1
+      assert.equal(want, reward_of(res.episodes[name]), name)
     end
+  end)
+end)
+
+-- Timeouts and interrupts in every phase: the episode ends, the window is
+-- never left staged, and no sandbox outlives the run.
+describe_episodes("tbench2 timeouts and cancellation", function()
+  it("still scores after an agent timeout", function()
+    local res = run_env("--tasks examples/tbench2/hello-file --timeout-agent 1 --agent script:"
+      .. AGENTS .. "/sleeper.lua")
+    finally(function() cleanup_run(res) end)
+    local rec = res.episodes["hello-file"]
+    assert.equal("timeout", rec.status)
+    assert.is_true(rec.agent_timed_out)
+    assert.equal(0, reward_of(rec))
+    assert.truthy(read(res.run_dir .. "/traces/hello-file.r0/test-stdout.txt"):find("failed"))
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  it("ends a verifier past [verifier] timeout_sec with reward 0", function()
+    local res = run_env("--tasks spec/fixtures/tbench2/tasks/slow-verify --agent oracle")
+    finally(function() cleanup_run(res) end)
+    local rec = res.episodes["slow-verify"]
+    assert.equal(0, reward_of(rec))
+    assert.truthy(read(res.run_dir .. "/traces/slow-verify.r0.jsonl"):find("verifier_timeout", 1, true))
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  it("cancels scoring at the score phase timeout", function()
+    local res = run_env("--tasks spec/fixtures/tbench2/tasks/hang-verify --agent oracle --timeout-score 2")
+    finally(function() cleanup_run(res) end)
+    local rec = res.episodes["hang-verify"]
+    assert.is_table(rec, res.stderr)
+    assert.equal("timeout", rec.status)
+    assert.equal("score", rec.error.phase)
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  it("gives up a build past the provision timeout", function()
+    local res = run_env("--tasks spec/fixtures/tbench2/tasks/slow-build --agent oracle"
+      .. " --timeout-provision 1 --retries 0")
+    finally(function() cleanup_run(res) end)
+    local rec = res.episodes["slow-build"]
+    assert.equal("error", rec.status)
+    assert.equal("provision", rec.error.phase)
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  -- Runs the env in the background and sends SIGINT after `delay` seconds.
+  local function interrupted(args, delay)
+    return run_env(args, nil, delay)
+  end
+
+  it("cleans up on Ctrl-C during the agent phase", function()
+    local res = interrupted("--tasks examples/tbench2/hello-file --agent script:" .. AGENTS .. "/sleeper.lua", 2)
+    finally(function() cleanup_run(res) end)
+    assert.truthy(res.stdout:find("rc=130", 1, true), res.stdout .. res.stderr)
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  it("cleans up on Ctrl-C during the verify window", function()
+    local res = interrupted("--tasks spec/fixtures/tbench2/tasks/hang-verify --agent oracle", 3)
+    finally(function() cleanup_run(res) end)
+    assert.truthy(res.stdout:find("rc=130", 1, true), res.stdout .. res.stderr)
+    assert.equal(0, live_boxes(res), res.ps)
   end)
 end)
 
