@@ -687,7 +687,13 @@ static int m_alive(lua_State *L) {
   return 1;
 }
 
-/* box:info() -> {pid, state, cgroups = {...}, memory} */
+/* box:memory() -> bytes charged to the sandbox's memory cgroup, or -1 */
+static int m_memory(lua_State *L) {
+  lua_pushinteger(L, eng_sb_cgroup_memory(&check_box(L)->cg));
+  return 1;
+}
+
+/* box:info() -> {pid, state, cgroups = {...}} */
 static int m_info(lua_State *L) {
   static const char *names[] = {"starting", "ready", "stopping", "dead", "clean"};
   sbox *sb = check_box(L);
@@ -700,8 +706,6 @@ static int m_info(lua_State *L) {
   for (int i = 0, n = 0; i < 3; i++)
     if (*sb->cg.path[i]) { lua_pushstring(L, sb->cg.path[i]); lua_rawseti(L, -2, ++n); }
   lua_setfield(L, -2, "cgroups");
-  lua_pushinteger(L, eng_sb_cgroup_memory(&sb->cg));
-  lua_setfield(L, -2, "memory");
   return 1;
 }
 
@@ -741,7 +745,8 @@ static int l_kill(lua_State *L) {
 static const luaL_Reg box_methods[] = {
   {"wait_ready", m_wait_ready}, {"start", m_start}, {"open", m_open},
   {"mkdir", m_mkdir}, {"remove", m_remove}, {"list", m_list}, {"stat", m_stat},
-  {"stop", m_stop}, {"alive", m_alive}, {"info", m_info}, {NULL, NULL}
+  {"stop", m_stop}, {"alive", m_alive}, {"info", m_info}, {"memory", m_memory},
+  {NULL, NULL}
 };
 
 static const luaL_Reg core_funcs[] = {

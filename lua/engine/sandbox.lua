@@ -32,18 +32,23 @@ function M.state_dir()
   return (os.getenv("ENGINE_STATE_DIR") or "/run/engine") .. "/sandboxes"
 end
 
+local made_dirs = {}
+
 local function ensure_state_dir()
   local dir = M.state_dir()
-  assert(core.host_mkdir(dir .. "/mnt", 0700))
+  if not made_dirs[dir] then
+    assert(core.host_mkdir(dir .. "/mnt", 0700))
+    made_dirs[dir] = true
+  end
   return dir
 end
 
+-- Written in place (a rename over ext4 can cost a flush); readers skip a
+-- record that does not parse yet, and gc removes one left half-written.
 local function write_state(path, record)
-  local tmp = path .. ".tmp"
-  local f = assert(io.open(tmp, "w"))
+  local f = assert(io.open(path, "w"))
   f:write(json.encode(record))
   f:close()
-  assert(os.rename(tmp, path))
 end
 
 -- ---- spec resolution -----------------------------------------------------------
@@ -151,11 +156,16 @@ local function normalize_mounts(mounts)
   return out
 end
 
-local function new_id()
-  local f = assert(io.open("/dev/urandom", "rb"))
-  local b = f:read(5)
-  f:close()
-  return "sb-" .. b:gsub(".", function(c) return string.format("%02x", c:byte()) end)
+-- Unique among live sandboxes: this engine's pid, then a random part not
+-- in use here (Lua 5.4 seeds math.random per process).
+local live_ids = setmetatable({}, { __mode = "v" })
+
+local function new_id(pid)
+  local id
+  repeat
+    id = string.format("sb-%05x%05x", pid & 0xfffff, math.random(0, 0xfffff))
+  until not live_ids[id]
+  return id
 end
 
 -- ---- creation ----------------------------------------------------------------------
@@ -166,7 +176,8 @@ function M.new(spec)
   if not r then return nil, layers end
   local mounts = normalize_mounts(r.mounts)
   local dir = ensure_state_dir()
-  local id = new_id()
+  local pid = core.getpid()
+  local id = new_id(pid)
   local state_file = dir .. "/" .. id .. ".json"
   local box, err = core.create {
     id = id, mnt = dir .. "/mnt", layers = layers, upper_dir = r.upper_dir,
@@ -178,7 +189,7 @@ function M.new(spec)
   local info = box:info()
   local created = engine.now()
   write_state(state_file, {
-    id = id, labels = r.labels, owner_pid = core.getpid(), pid = info.pid,
+    id = id, labels = r.labels, owner_pid = pid, pid = info.pid,
     created_at = created, ttl = r.ttl, image = type(r.image) == "string" and r.image or "(built)",
     cgroups = json.array(info.cgroups), upper_dir = r.upper_dir,
   })
@@ -188,12 +199,14 @@ function M.new(spec)
     if not ok then error(ready, 0) end
     return nil, "sandbox setup failed: " .. tostring(rerr)
   end
-  return setmetatable({
+  local sb = setmetatable({
     id = id, _box = box, _spec = r, _lock = nil,
     info = { provider = "local", image = r.image, spec = r, created_at = created,
              labels = r.labels, id = id },
     restricted = false,
   }, Sandbox)
+  live_ids[id] = sb
+  return sb
 end
 
 local function check(sb)
@@ -425,7 +438,8 @@ end
 
 -- sb:memory() -> bytes the sandbox's cgroup uses now
 function Sandbox:memory()
-  return check(self)._box:info().memory
+  local n = check(self)._box:memory()
+  return n >= 0 and n or nil
 end
 
 -- sb:borrow() -> to-be-closed guard. A network-restricted sandbox (its
@@ -547,8 +561,9 @@ function M.gc(opts)
   end
   local dir = M.state_dir()
   for _, name in ipairs(core.host_list(dir) or {}) do
+    local id = name:match("^(sb%-%x+)%.json$")
     local _, _, _, mtime = core.host_stat(dir .. "/" .. name)
-    if name:match("%.json%.tmp$") and now - (mtime or now) > 60 then os.remove(dir .. "/" .. name) end
+    if id and not known[id] and now - (mtime or now) > 60 then os.remove(dir .. "/" .. name) end
   end
   sweep_orphans(known, now, removed)
   -- shared host masks (/dev/shm/engine-mask-PID-GEN) of engines that are gone
