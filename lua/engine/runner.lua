@@ -787,6 +787,7 @@ function M.execute(env_table, env_path, args, config, agent)
   local st = { env = env_table, path = env_path, config = config, agent = agent, in_flight = 0, live = 0,
     usage = { created = 0, seconds = 0 }, new_records = 0, workers = {}, interrupts = 0 }
   st.progress = report.progress({ quiet = config.quiet, now = engine.monotonic })
+  if not config.resume then trace.mkdirs(config.out) end   -- the run's own directory comes later
   local ok, err = pcall(item_source, st)
   if not ok then say(first_line(err)); return 1 end
   st.next_item = err
