@@ -171,6 +171,8 @@ describe("engine.sandbox", function()
       assert.has_error(function() sandbox.new { provider = "nope" } end)
       assert.has_error(function() sandbox.new { memory = "lots" } end)
       assert.has_error(function() sandbox.new { workdir = "relative" } end)
+      assert.has_error(function() sandbox.new { hide = { "/etc/../root" } } end)
+      assert.has_error(function() sandbox.new { image = { layers = { "/a:b", "host" } } } end)
       local none, err = sandbox.new { image = "no-such-image-anywhere" }
       assert.is_nil(none)
       assert.is_string(err)

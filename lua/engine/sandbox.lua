@@ -74,8 +74,9 @@ end
 
 local function check_path_list(list, field)
   for _, p in ipairs(list or {}) do
-    if type(p) ~= "string" or p:sub(1, 1) ~= "/" or p:find("[:,%z]") then
-      error("sandbox spec: " .. field .. " entries must be absolute paths without ':' or ','", 3)
+    if type(p) ~= "string" or p:sub(1, 1) ~= "/" or p:find("[:,%z]") or
+       ("/" .. p .. "/"):find("/%.%.?/") then
+      error("sandbox spec: " .. field .. " entries must be absolute paths without ':', ',', '.' or '..'", 3)
     end
   end
 end
