@@ -402,6 +402,7 @@ static void set_common(lua_State *L, xfer *x) {
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, x);
   curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "engine/" ENGINE_VERSION);
 }
 
 static void wait_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);

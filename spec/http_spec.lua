@@ -26,6 +26,7 @@ describe("engine.http", function()
     assert.equal("GET", req.method)
     assert.equal("/x?y=1", req.path)
     assert.equal("7", req.headers["x-req"])
+    assert.matches("^engine/", req.headers["user-agent"])
   end)
 
   it("POSTs a body (binary safe) and sends other methods as given", function()
