@@ -669,6 +669,9 @@ describe("sandboxes on images", function()
     write(ctx .. "/Dockerfile.net", "FROM host\nRUN grep -c : /proc/net/dev > /netdevs\n")
     local none = assert(image.resolve({ dockerfile = ctx .. "/Dockerfile.net", context = ctx, quiet = true, network = "none" }))
     assert.equal("1\n", read(none.layers[1] .. "/netdevs"))      -- lo only
+    write(ctx .. "/Dockerfile.net2", "FROM host\nRUN --network=none grep -c : /proc/net/dev > /netdevs\n")
+    local flag = assert(image.resolve({ dockerfile = ctx .. "/Dockerfile.net2", context = ctx, quiet = true }))
+    assert.equal("1\n", read(flag.layers[1] .. "/netdevs"))
     assert.same({}, archive.list(store.root .. "/tmp"))
   end)
 

@@ -559,6 +559,10 @@ function H.RUN(b, ins)
   for flag in pairs(ins.flags) do
     if flag ~= "network" then b:fail(ins, "RUN --%s is not supported", flag) end
   end
+  local net = ins.flags.network
+  if net ~= nil and net ~= "none" and net ~= "host" and net ~= "default" then
+    b:fail(ins, "RUN --network=%s is not supported (none, host, default)", tostring(net))
+  end
   local argv, stdin
   if ins.heredocs then
     local rest = ins.args:gsub("<<%-?[\"']?[%a_][%w_]*[\"']?", ""):gsub("^%s+", ""):gsub("%s+$", "")
@@ -569,9 +573,10 @@ function H.RUN(b, ins)
   end
   local env = b:run_env()
   local key = sha(b.key, "RUN", json.encode(argv), stdin or "")
+  local network = (net == "none" or net == "host") and net or b.network
   b:layer(ins, key, function(fs)
     b:progress(ins, "running")
-    local res, err = M.run_in_sandbox(b, fs, argv, env, stdin)
+    local res, err = M.run_in_sandbox(b, fs, argv, env, stdin, network)
     if not res then b:fail(ins, "RUN: %s", err) end
     if res.code ~= 0 or res.timed_out then
       local out = tail((res.stdout or "") .. (res.stderr or ""), 20)
@@ -585,11 +590,11 @@ end
 
 -- Runs argv in a build sandbox over the current stack whose writable
 -- layer is fs. Returns the exec result or nil, err.
-function M.run_in_sandbox(b, fs, argv, env, stdin)
+function M.run_in_sandbox(b, fs, argv, env, stdin, network)
   local sandbox = require "engine.sandbox"
   local ok, sb, serr = pcall(sandbox.new, {
     image = { layers = copy_table(b.layers), config = b.config },
-    upper_dir = fs, network = b.network, workdir = b.config.workdir,
+    upper_dir = fs, network = network or b.network, workdir = b.config.workdir,
     env = env, user = b.config.user, labels = { build = b.short },
   })
   if not ok or not sb then return nil, "build sandbox: " .. tostring(ok and serr or sb) end

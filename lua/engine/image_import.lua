@@ -79,6 +79,9 @@ local function apply_layers(store, name, files, ids)
     local id = ids[i] or ("sha256:" .. assert(archive.digest_file(file)))
     local key = archive.sha256(parent .. "\n" .. id)
     local fs, err = store:ensure(key, function(dir)
+      if os.getenv("ENGINE_IMAGE_QUIET") ~= "1" then
+        io.stderr:write(string.format("[image] %s: layer %d/%d\n", name, i, #files))
+      end
       local n, xerr = archive.extract(file, dir, { whiteouts = true })
       if not n then error({ import_error = name .. ": layer " .. i .. ": " .. tostring(xerr) }, 0) end
       return { created_by = "import " .. name .. " layer " .. i, parent = parent, diff_id = id }
