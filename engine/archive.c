@@ -474,6 +474,7 @@ static void job_cleanup(void *data) {
 static void job_child(job_op *op, int fd) {
   size_t n;
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGCHLD, SIG_DFL);
   job_run(&op->j);
   n = strlen(op->j.out);
   memmove(op->j.out + 1, op->j.out, n < sizeof op->j.out - 1 ? n + 1 : sizeof op->j.out - 1);
@@ -768,8 +769,7 @@ static int l_lock_release(lua_State *L) {
 }
 
 static int l_lock_held(lua_State *L) {
-  lua_pushboolean(L, ((file_lock *)luaL_checkudata(L, 1, LOCK_MT))->fd >= 0);
-  return 1;
+  return lua_pushboolean(L, ((file_lock *)luaL_checkudata(L, 1, LOCK_MT))->fd >= 0), 1;
 }
 
 static const luaL_Reg lock_methods[] = {
