@@ -366,6 +366,8 @@ describe("image builds", function()
       { "USER x\nFROM host\n", ":1: USER before FROM" },
       { "FROM host\nCOPY --chown=nosuchuser app /x\n", ":2: COPY --chown: unknown user nosuchuser" },
     }
+    sh("ln -s /etc " .. ctx .. "/etclink")
+    cases[#cases + 1] = { "FROM host\nCOPY etclink/passwd /x\n", ":2: source etclink/passwd is outside the build context" }
     for _, c in ipairs(cases) do
       local df = ctx .. "/Dockerfile.bad"
       write(df, c[1])

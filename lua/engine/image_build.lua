@@ -252,6 +252,11 @@ function Build:glob(ins, pattern)
   end
   local kept = {}
   for _, m in ipairs(matches) do
+    -- a symlinked directory on the way must not lead out of the context
+    local parent = m ~= self.context and archive.realpath(dirname(m)) or self.context
+    if parent ~= self.context and parent:sub(1, #self.context + 1) ~= self.context .. "/" then
+      self:fail(ins, "source %s is outside the build context", pattern)
+    end
     if not (self.ignore and m ~= self.context and self.ignore(m:sub(#self.context + 2))) then
       kept[#kept + 1] = m
     end
