@@ -3,19 +3,22 @@
 -- asyncio driving bwrap subprocesses) doing the same episodes; and trace
 -- writing, events per second against raw buffered writes of the same bytes.
 --
---   engine run bench/episodes.lua [-n 1000] [-c 64] [--events 200000] [--skip-python]
+--   engine run bench/episodes.lua [-n 1000] [-c 64] [--repeat 2] [--events 200000] [--skip-python]
+--
+-- The machine is shared and noisy: the three variants run interleaved,
+-- --repeat times, and each ratio uses the best rate of each side.
 local engine = require "engine"
 local runner = require "engine.runner"
 local trace = require "engine.trace"
 local json = require "engine.json"
 local proc = require "engine.proc"
 
-local args = { n = 1000, c = 64, events = 200000 }
+local args = { n = 1000, c = 64, events = 200000, ["repeat"] = 2 }
 do
   local argv, i = { ... }, 1
   while argv[i] do
     local a = argv[i]
-    if a == "-n" or a == "-c" or a == "--events" then
+    if a == "-n" or a == "-c" or a == "--events" or a == "--repeat" then
       args[a:gsub("^%-+", "")] = assert(tonumber(argv[i + 1]), a .. " needs a number")
       i = i + 2
     elseif a == "--skip-python" then
@@ -68,16 +71,26 @@ local function line(label, s)
   return eps
 end
 
-io.write(string.format("hello episodes: n=%d, -c %d, oracle agent (%s)\n", 5 * math.ceil(args.n / 5), args.c, os.date("!%H:%M:%SZ")))
-local fresh = run_engine({ "--no-pool" })
-local fresh_eps = line("engine, fresh sandboxes", fresh)
-local pooled = run_engine({ "--pool" })
-local pooled_eps = line("engine, pool", pooled)
-io.write(string.format("%-26s created %d, reused %d\n", "  pool usage", pooled.sandboxes.created, pooled.sandboxes.reused))
-if not args.skip_python then
-  local py = run_python()
-  py.seconds = py.seconds
-  local py_eps = line("python asyncio + bwrap", { episodes = py.episodes, seconds = py.seconds, mean_reward = py.mean_reward })
+io.write(string.format("hello episodes: n=%d, -c %d, oracle agent, best of %d (%s)\n", 5 * math.ceil(args.n / 5),
+  args.c, args["repeat"], os.date("!%H:%M:%SZ")))
+local best = {}
+local function keep(name, s)
+  local eps = s.episodes / s.seconds
+  if not best[name] or eps > best[name].eps then s.eps = eps; best[name] = s end
+end
+for _ = 1, args["repeat"] do
+  keep("fresh", run_engine({ "--no-pool" }))
+  keep("pool", run_engine({ "--pool" }))
+  if not args.skip_python then
+    local py = run_python()
+    keep("python", { episodes = py.episodes, seconds = py.seconds, mean_reward = py.mean_reward })
+  end
+end
+local fresh_eps = line("engine, fresh sandboxes", best.fresh)
+local pooled_eps = line("engine, pool", best.pool)
+io.write(string.format("%-26s created %d, reused %d\n", "  pool usage", best.pool.sandboxes.created, best.pool.sandboxes.reused))
+if best.python then
+  local py_eps = line("python asyncio + bwrap", best.python)
   io.write(string.format("ratio fresh / python: %.2fx   ratio pool / python: %.2fx\n", fresh_eps / py_eps, pooled_eps / py_eps))
 end
 
