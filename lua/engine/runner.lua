@@ -572,7 +572,8 @@ local function configure(env_table, args)
   meta, err = load_resume(config.resume, env_table)
   if not meta then return nil, err end
   local saved = type(meta.argv) == "table" and meta.argv or {}
-  local base = assert(envlib.parse_flags(saved, env_table))
+  local base, berr = envlib.parse_flags(saved, env_table)
+  if not base then return nil, config.resume .. "/run.json: saved flags: " .. berr end
   local merged = envlib.parse_flags(args, env_table, base)
   merged.prior = meta
   return merged
@@ -717,11 +718,12 @@ local function open_run(st, env_path, args)
   st.run_id = prior and prior.id or st.dir:match("([^/]+)$")
   local argv = {}
   for _, a in ipairs(prior and prior.argv or {}) do argv[#argv + 1] = a end
-  local skip = false
+  -- flags a resume inherits: not --resume itself, nor how output is shown
+  local skip, PRESENTATION = false, { ["-q"] = true, ["--quiet"] = true, ["--json"] = true }
   for _, a in ipairs(args) do
     if skip then skip = false
     elseif a == "--resume" then skip = true
-    elseif not a:match("^%-%-resume=") then argv[#argv + 1] = a end
+    elseif not a:match("^%-%-resume=") and not PRESENTATION[a] then argv[#argv + 1] = a end
   end
   st.sessions = prior and type(prior.sessions) == "table" and prior.sessions or {}
   st.session = { started_at = engine.now(), argv = args }
