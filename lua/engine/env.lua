@@ -116,7 +116,8 @@ local function flag_spec(name, spec, where)
            type = t, default = spec.default, help = spec.help or "" }
 end
 
--- Options as a map or a list -> sorted list of flag specs.
+-- Options as a map or a list -> list of flag specs (map entries sorted by
+-- name, then list entries in their order).
 local function normalize_options(options, where)
   local list = {}
   if options == nil then return list end
@@ -124,8 +125,8 @@ local function normalize_options(options, where)
   for k, v in pairs(options) do
     if type(k) == "string" then list[#list + 1] = flag_spec(k, v, where) end
   end
-  for _, v in ipairs(options) do list[#list + 1] = flag_spec(nil, v, where) end
-  table.sort(list, function(a, b) return a.name < b.name end)
+  table.sort(list, function(a, b) return a.name < b.name end)   -- a map: by name
+  for _, v in ipairs(options) do list[#list + 1] = flag_spec(nil, v, where) end   -- a list: as given
   return list
 end
 
