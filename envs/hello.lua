@@ -84,16 +84,6 @@ local TASKS = {
   },
 }
 
--- Removes path and everything under it, depth first, with file operations.
-local function remove_tree(sb, path, kind)
-  if kind == "d" then
-    local names, types = sb:list(path)
-    for _, name in ipairs(names or {}) do remove_tree(sb, path .. "/" .. name, types[name]) end
-  end
-  local ok, err = sb:remove(path)
-  if not ok then error("setup: cannot empty /app: " .. path .. ": " .. tostring(err)) end
-end
-
 local BY_ID = {}
 for _, t in ipairs(TASKS) do BY_ID[t.id] = t end
 
@@ -117,13 +107,16 @@ return env.define {
   -- file operations, no process, and puts the task's input files in place.
   setup = function(ctx)
     local sb = ctx.sandbox
-    local names, types = sb:list("/app")
+    local names = sb:list("/app")
     if not names then
       local ok, err = sb:mkdir("/app")
       if not ok then error("setup: cannot create /app: " .. tostring(err)) end
       names = {}
     end
-    for _, name in ipairs(names) do remove_tree(sb, "/app/" .. name, types[name]) end
+    for _, name in ipairs(names) do
+      local ok, err = sb:remove("/app/" .. name, { recursive = true })
+      if not ok then error("setup: cannot empty /app: " .. name .. ": " .. tostring(err)) end
+    end
     for path, data in pairs(ctx.task.files or {}) do
       local ok, err = sb:write(path, data)
       if not ok then error("setup: writing " .. path .. ": " .. tostring(err)) end
