@@ -174,7 +174,8 @@ describe("tbench2 withholding", function()
     local spec = T.sandbox(t, {})
     assert.equal(t.dir .. "/environment", spec.image.context)
     assert.equal(t.dir .. "/environment/Dockerfile", spec.image.dockerfile)
-    assert.equal("/app", spec.workdir)
+    assert.is_nil(spec.workdir)   -- the image's WORKDIR, unless --workdir
+    assert.equal("/srv", T.sandbox(t, { workdir = "/srv" }).workdir)
     assert.equal(2048 * 1024 * 1024, spec.memory)
     assert.equal("none", spec.network)
     assert.equal("hello-file", spec.labels.task)
@@ -271,6 +272,9 @@ local function run_env(args, extra_env, interrupt_after)
   local p = io.popen(cmd)
   local stdout = p:read("a")
   local _, _, code = p:close()
+  -- io.popen blocked the loop; let it refresh its clock before the next
+  -- timer is armed (a stale clock makes fresh timeouts fire at once).
+  engine.sleep(0.01)
   local res = { code = code, stdout = stdout, stderr = read(out .. "/stderr"), episodes = {},
                 tmp = out }
   for _, name in ipairs(list_dir(out .. "/runs")) do res.run_dir = out .. "/runs/" .. name end
@@ -313,7 +317,7 @@ end
 describe_episodes("tbench2 episodes", function()
   it("scores every example task 1.0 with the oracle", function()
     local before = fingerprint(EXAMPLES)
-    local res = run_env("--tasks examples/tbench2 --agent oracle -c 2")
+    local res = run_env("--tasks examples/tbench2 --agent oracle -c 5")
     finally(function() cleanup_run(res) end)
     assert.equal(0, res.code, res.stderr)
     all_rewards(res, 1.0)
@@ -328,7 +332,7 @@ describe_episodes("tbench2 episodes", function()
   end)
 
   it("scores every example task 0.0 with a do-nothing agent", function()
-    local res = run_env("--tasks examples/tbench2 -c 2 --agent script:" .. AGENTS .. "/noop.lua")
+    local res = run_env("--tasks examples/tbench2 -c 5 --agent script:" .. AGENTS .. "/noop.lua")
     finally(function() cleanup_run(res) end)
     assert.equal(0, res.code, res.stderr)
     all_rewards(res, 0.0)
@@ -336,7 +340,7 @@ describe_episodes("tbench2 episodes", function()
   end)
 
   it("scores with pytest on the staged tests under --verifier pytest", function()
-    local res = run_env("--tasks examples/tbench2 -c 2 --agent oracle --verifier pytest")
+    local res = run_env("--tasks examples/tbench2 -c 5 --agent oracle --verifier pytest")
     finally(function() cleanup_run(res) end)
     all_rewards(res, 1.0)
     local trace = read(res.run_dir .. "/traces/hello-file.r0.jsonl")
@@ -365,7 +369,7 @@ describe_episodes("tbench2 episodes", function()
     it("defeats the " .. hack .. " reward hack", function()
       local before = fingerprint(EXAMPLES)
       local found = os.tmpname()
-      local res = run_env("--tasks examples/tbench2 -c 2 --agent script:" .. AGENTS .. "/" .. hack .. ".lua",
+      local res = run_env("--tasks examples/tbench2 -c 5 --agent script:" .. AGENTS .. "/" .. hack .. ".lua",
         "TB2_SPEC_OUT=" .. sh_quote(found))
       finally(function() cleanup_run(res); os.remove(found) end)
       assert.equal(0, res.code, res.stderr)
@@ -381,7 +385,7 @@ describe_episodes("tbench2 episodes", function()
   end
 
   it("defeats a background watcher under --verify fresh", function()
-    local res = run_env("--tasks examples/tbench2 -c 2 --verify fresh --agent script:" .. AGENTS .. "/watcher.lua")
+    local res = run_env("--tasks examples/tbench2 -c 5 --verify fresh --agent script:" .. AGENTS .. "/watcher.lua")
     finally(function() cleanup_run(res) end)
     all_rewards(res, 0.0)
     assert.equal(0, live_boxes(res), res.ps)
@@ -390,7 +394,7 @@ describe_episodes("tbench2 episodes", function()
   end)
 
   it("verifies fresh boxes with the agent's files: the oracle still passes", function()
-    local res = run_env("--tasks examples/tbench2 -c 2 --verify fresh --agent oracle -t '*-*'")
+    local res = run_env("--tasks examples/tbench2 -c 5 --verify fresh --agent oracle -t '*-*'")
     finally(function() cleanup_run(res) end)
     for _, name in ipairs(EXAMPLE_TASKS) do
       -- kv-server's service does not survive into a fresh box, by design.
@@ -413,6 +417,16 @@ describe_episodes("tbench2 timeouts and cancellation", function()
     assert.equal(0, reward_of(rec))
     assert.truthy(read(res.run_dir .. "/traces/hello-file.r0/test-stdout.txt"):find("failed"))
     assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  it("bounds agent commands by TB2_COMMAND_TIMEOUT_S", function()
+    local res = run_env("--tasks examples/tbench2/hello-file --agent script:" .. AGENTS .. "/sleeper.lua",
+      "TB2_COMMAND_TIMEOUT_S=1")
+    finally(function() cleanup_run(res) end)
+    local rec = res.episodes["hello-file"]
+    assert.equal("ok", rec.status, res.stderr)   -- the 3600 s command was cut at 1 s
+    assert.is_true(rec.phases.agent < 30)
+    assert.truthy(read(res.run_dir .. "/traces/hello-file.r0.jsonl"):find('"timed_out":true', 1, true))
   end)
 
   it("ends a verifier past [verifier] timeout_sec with reward 0", function()
@@ -550,7 +564,8 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
     assert.equal("keep\n", sb:read("/hack/verifier/keep"))
     assert.equal("1\n", sb:read("/hack/verifier/reward.txt"))
     assert.is_true(window_clear(sb))
-    assert.equal(1, detail.exit_code == nil and 1 or 1)
+    assert.is_nil(detail.error)
+    assert.equal("0\n", ctx.trace.saved["reward.txt"])   -- the real verifier's verdict
   end)
 
   it("replaces a /logs symlink instead of writing through it", function()
@@ -600,7 +615,6 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
     assert.equal("verifier_timeout", detail.error)
     assert.is_true(engine.monotonic() - t0 < 30)
     assert.is_true(window_clear(ctx.sandbox))
-    assert.equal("started\n", ctx.trace.saved["started"] or "started\n")
   end)
 
   it("clears the window when scoring is cancelled mid-verify", function()
@@ -619,6 +633,67 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
     assert.is_true(window_clear(ctx.sandbox))
   end)
 
+  it("scores with the tests read at reset, not later edits on disk", function()
+    local dir = make_task(EXAMPLES .. "/hello-file")
+    local ctx = episode(dir)
+    finally(function() stop(ctx); rm_rf(dir) end)
+    write(dir .. "/tests/test.sh", "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n")
+    assert.equal(0, (T.score(ctx)))
+  end)
+
+  it("runs the verifier from the workdir, or --workdir", function()
+    local script = 'mkdir -p /logs/verifier; [ "$(pwd)" = "$WANT" ] && echo 1 > /logs/verifier/reward.txt\n'
+    local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] = script,
+      ["task.toml"] = '[verifier.env]\nWANT = "/app"\n' })
+    local ctx = episode(dir)
+    finally(function() stop(ctx); rm_rf(dir) end)
+    assert.equal(1, (T.score(ctx)))
+    write(dir .. "/task.toml", '[verifier.env]\nWANT = "/srv/x"\n')
+    local ctx2 = episode(dir, { workdir = "/srv/x" })
+    finally(function() stop(ctx2) end)
+    assert.equal(1, (T.score(ctx2)))
+  end)
+
+  it("bounds each agent command by --command-timeout, in the workdir", function()
+    local ctx = episode(EXAMPLES .. "/hello-file", { command_timeout = 0.5 })
+    finally(function() stop(ctx) end)
+    local seen = {}
+    ctx.agent = { act = function(_, actx)
+      seen.sleep = actx.sandbox:exec("sleep 20", { timeout = 100 })
+      seen.pwd = actx.sandbox:exec("pwd").stdout
+      seen.write = actx.sandbox:write("/app/x", "y")
+    end }
+    local t0 = engine.monotonic()
+    T.run(ctx)
+    assert.is_true(seen.sleep.timed_out)
+    assert.is_true(engine.monotonic() - t0 < 15)
+    assert.equal("/app\n", seen.pwd)
+    assert.is_true(seen.write)
+    assert.equal("y", ctx.sandbox:read("/app/x"))
+  end)
+
+  it("removes /solution when the solve step is cancelled", function()
+    local dir = make_task(EXAMPLES .. "/hello-file", { ["solution/solve.sh"] = "touch /app/started; sleep 60\n" })
+    local ctx = episode(dir)
+    finally(function() stop(ctx); rm_rf(dir) end)
+    local t = engine.spawn(T.solve, ctx)
+    local deadline = engine.monotonic() + 20
+    while not ctx.sandbox:exists("/app/started") and engine.monotonic() < deadline do engine.sleep(0.05) end
+    assert.is_true(ctx.sandbox:exists("/solution/solve.sh"))
+    t:cancel()
+    assert.is_false((t:join()))
+    assert.is_false(ctx.sandbox:exists("/solution"))
+  end)
+
+  it("gives the solve step [solution.env] and [environment.env]", function()
+    local ctx = episode(EXAMPLES .. "/env-config")
+    finally(function() stop(ctx) end)
+    local res = T.solve(ctx)
+    assert.equal(0, res.code, res.stderr)
+    assert.equal("release=aurora-7\nport=8443\nenvironment=staging\n", ctx.sandbox:read("/app/deploy.conf"))
+    assert.is_false(ctx.sandbox:exists("/solution"))
+  end)
+
   it("serialises two scorers on one box", function()
     local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] = [[
 echo "in $$" >> /var/tmp/order; sleep 0.3; echo "out $$" >> /var/tmp/order
@@ -630,10 +705,8 @@ mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt
     ctx2.tb2 = nil
     local a = engine.spawn(T.score, ctx)
     local b = engine.spawn(T.score, ctx2)
-    assert.same({ true, 1 }, { a:join() and true, 1 })
-    b:join()
-    local lines = {}
-    for l in ctx.sandbox:read("/var/tmp/order"):gmatch("%S+ ") do lines[#lines + 1] = l end
+    assert.same({ true, 1 }, { (a:join()), (select(2, a:join())) })
+    assert.same({ true, 1 }, { (b:join()), (select(2, b:join())) })
     local order = ctx.sandbox:read("/var/tmp/order"):gsub(" %d+", "")
     assert.equal("in\nout\nin\nout\n", order)
   end)
