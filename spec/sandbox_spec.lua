@@ -263,6 +263,12 @@ describe("engine.sandbox", function()
       assert.is_false(sb:exists("/app/d"))
     end)
 
+    it("times a request from when it was made, even after the loop was blocked", function()
+      assert.is_true(sb:write("/app/t.txt", "t"))
+      os.execute("sleep 0.6")                 -- blocks the loop; its cached time goes stale
+      assert.equal("t", sb:read("/app/t.txt", { timeout = 0.5 }))
+    end)
+
     it("fails with short messages", function()
       assert.same({ nil, "no such file" }, { sb:read("/nope") })
       assert.same({ nil, "is a directory" }, { sb:read("/app") })

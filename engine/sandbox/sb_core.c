@@ -183,7 +183,10 @@ static int submit(lua_State *L, sbox *sb, int kind, sb_msg *m,
   sb->pending = op;
   busy_add(sb, 1);
   ev_timer_init(&op->timer, timeout_cb, timeout > 0 ? timeout : 0, 0);
-  if (timeout > 0) ev_timer_start(eng_loop(), &op->timer);
+  if (timeout > 0) {
+    ev_now_update(eng_loop());     /* the cached time may be stale by seconds */
+    ev_timer_start(eng_loop(), &op->timer);
+  }
   return eng_task_yield(L, op_cleanup, op);
 }
 
