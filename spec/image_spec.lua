@@ -402,6 +402,18 @@ describe("image builds", function()
     assert.equal(0, assert(build(df, ctx)).made)
   end)
 
+  it("copies heredocs into files", function()
+    local ctx = context_copy()
+    local df = ctx .. "/Dockerfile.heredoc"
+    write(df, "FROM host\nENV WHO=you\nCOPY <<EOF /etc/greeting\nhello $WHO\nEOF\n" ..
+      "COPY <<'RAW' /etc/dir/\nkeep $WHO\nRAW\n")
+    local r = assert(build(df, ctx))
+    assert.equal("hello you\n", read(r.layers[2] .. "/etc/greeting"))
+    assert.equal("keep $WHO\n", read(r.layers[1] .. "/etc/dir/RAW"))
+    assert.same({}, archive.list(store.root .. "/tmp"))
+    assert.equal(0, assert(build(df, ctx)).made)
+  end)
+
   it("refuses a stack deeper than the sandbox can mount", function()
     local many = {}
     for i = 1, image.MAX_LAYERS + 1 do many[i] = tmp end
@@ -455,6 +467,9 @@ describe("image builds", function()
     assert.equal(3, tonumber(m1) + tonumber(m2))     -- each layer made once
     assert.equal(3, #store:layer_keys())
     assert.equal(1, #store:images())
+    -- a later engine finds the chain on disk and makes nothing
+    sh(string.format("%s > %s/out3 2>&1", cmd, tmp))
+    assert.equal(k1 .. " 0\n", read(tmp .. "/out3"))
   end)
 end)
 

@@ -13,6 +13,7 @@ local dockerfile = require "engine.dockerfile"
 local image = require "engine.image"
 local ignore = require "engine.image_ignore"
 local layers_mkdirs = require("engine.layers").mkdirs
+local layers_read = require("engine.layers").read_file
 
 local M = {}
 
@@ -471,9 +472,32 @@ function Build:stage_sources(ins, stage, words)
 end
 
 -- Sources of COPY/ADD from the context (globs), with their digests.
+-- A file holding the body of heredoc `doc` (expanded unless its delimiter
+-- was quoted), in a private temp dir removed after the build.
+function Build:heredoc_file(doc)
+  if not self.heredoc_dir then
+    self.heredoc_dir = assert(archive.mkdtemp(self.store.root .. "/tmp/heredoc-"))
+  end
+  local path = self.heredoc_dir .. "/" .. doc.name
+  local f = assert(io.open(path, "wb"))
+  f:write(doc.quoted and doc.body or self:expand(doc.body))
+  f:close()
+  archive.chmod(path, 420)   -- 0644
+  return path
+end
+
 function Build:context_sources(ins, words)
   local sources, inputs = {}, {}
+  local docs = {}
+  for _, d in ipairs(ins.heredocs or {}) do docs[d.name] = d end
   for i = 1, #words - 1 do
+    local doc = docs[words[i]:match("^<<%-?[\"']?([%a_][%w_]*)[\"']?$") or ""]
+    if doc then
+      local path = self:heredoc_file(doc)
+      sources[#sources + 1] = path
+      inputs[#inputs + 1] = "<<" .. doc.name .. "=" .. archive.sha256(layers_read(path))
+      goto continue
+    end
     if words[i]:match("^%a[%w+.-]*://") then self:fail(ins, "%s from a URL is not supported", ins.cmd) end
     local found = self:glob(ins, words[i])
     if #found == 0 then self:fail(ins, "%s: no such file in the context: %s", ins.cmd, words[i]) end
@@ -483,6 +507,7 @@ function Build:context_sources(ins, words)
       inputs[#inputs + 1] = f:sub(#self.context + 2) .. "=" .. digest
       if filtered then self.filtered[f] = true end
     end
+    ::continue::
   end
   return sources, inputs
 end
@@ -509,7 +534,6 @@ local function copy_like(b, ins)
       b:fail(ins, "%s --%s is not supported", ins.cmd, flag)
     end
   end
-  if ins.heredocs then b:fail(ins, "%s with a heredoc is not supported", ins.cmd) end
   local words = ins.json or dockerfile.words(b:expand(ins.args))
   if not words or #words < 2 then b:fail(ins, "%s needs a source and a destination", ins.cmd) end
   local dest = words[#words]
@@ -680,6 +704,7 @@ function M.build(store, img, spec)
   }, Build)
   b.ignore, b.ignore_keep = ignore.load(context)
   local ok, err = pcall(b.run, b, parsed.instructions)
+  if b.heredoc_dir then archive.remove(b.heredoc_dir) end
   if not ok then
     if getmetatable(err) == BUILD_ERROR then return nil, err.message end
     error(err, 0)
