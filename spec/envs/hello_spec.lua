@@ -165,6 +165,7 @@ describe("envs/hello", function()
     end
     child:kill(9)
     child:wait()
+    child:close()                               -- its pipes, now: no fds left for later specs
     local gc = proc.run({ "env", "ENGINE_STATE_DIR=" .. state, engine_bin, "gc" }, { timeout = 60 })
     assert.equal(0, gc.code)
     assert.matches("removed sb%-", gc.stdout)
