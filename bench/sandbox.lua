@@ -34,21 +34,45 @@ local function stats(t)
   return t[math.max(1, #t // 2)], t[math.max(1, math.floor(#t * 0.95))], sum / #t
 end
 
-local function baseline(mode, n)
-  local out = sh(string.format("BASELINE_MNT=%s/mnt %s %s %d", sandbox.state_dir(), BASELINE, mode, n))
-  local p50, p95, mean = out:match("(%S+) (%S+) (%S+)")
-  if not p50 then error("baseline failed: " .. out) end
-  return tonumber(p50), tonumber(p95), tonumber(mean)
+-- Runs the C baseline for n samples; returns them (seconds).
+local function baseline_samples(mode, n)
+  local out = sh(string.format("BASELINE_MNT=%s/mnt %s %s %d raw", sandbox.state_dir(), BASELINE, mode, n))
+  local t = {}
+  for x in out:gmatch("%S+") do t[#t + 1] = tonumber(x) end
+  if #t ~= n then error("baseline failed: " .. out) end
+  return t
 end
 
-local function time_runs(n, fn)
+local function baseline(mode, n)
+  return stats(baseline_samples(mode, n))
+end
+
+-- Interleaves the contenders in ROUNDS rounds so that load changes on a
+-- shared machine hit all of them alike; returns {name = samples}.
+local ROUNDS = 10
+local function interleaved(n, contenders)
+  local samples = {}
+  for _ = 1, ROUNDS do
+    for _, c in ipairs(contenders) do
+      local got = c.fn(math.max(1, n // ROUNDS))
+      samples[c.name] = table.move(got, 1, #got, #(samples[c.name] or {}) + 1, samples[c.name] or {})
+    end
+  end
+  return samples
+end
+
+local function time_samples(n, fn)
   local t = {}
   for i = 1, n do
     local t0 = engine.monotonic()
     fn(i)
     t[i] = engine.monotonic() - t0
   end
-  return stats(t)
+  return t
+end
+
+local function time_runs(n, fn)
+  return stats(time_samples(n, fn))
 end
 
 local function wait_clean()
@@ -65,34 +89,37 @@ local function ref(name, p50, p95)
 end
 
 -- ---- 1. start ------------------------------------------------------------------
-print(string.format("create -> exec(\"true\") -> stop, %d times", N))
+print(string.format("create -> exec(\"true\") -> stop, %d times each, interleaved in %d rounds", N, ROUNDS))
 sandbox.new({}):stop()              -- warm: state dir, seccomp program, caches
 wait_clean()
-local b50, b95 = baseline("box", N)
+local function box_once()
+  local sb = assert(sandbox.new {})
+  assert(sb:exec({ "true" }).code == 0)
+  sb:stop()
+end
+local has_bwrap = (proc.run({ "bwrap", "--version" }) or {}).code == 0
+local contenders = {
+  { name = "baseline", fn = function(n) return baseline_samples("box", n) end },
+  { name = "sandbox", fn = function(n) local t = time_samples(n, box_once) wait_clean() return t end },
+  { name = "reaped", fn = function(n) return time_samples(n, function() box_once() wait_clean() end) end },
+}
+if has_bwrap then
+  contenders[#contenders + 1] = { name = "bwrap", fn = function(n)
+    return time_samples(n, function()
+      local r = proc.run({ "bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true" })
+      assert(r.code == 0, r.stderr)
+    end)
+  end }
+end
+local S = interleaved(N, contenders)
+local b50, b95 = stats(S.baseline)
 ref("bare C baseline (clone+overlay+pivot+exec)", b50, b95)
-
-local s50, s95 = time_runs(N, function()
-  local sb = assert(sandbox.new {})
-  assert(sb:exec({ "true" }).code == 0)
-  sb:stop()
-end)
-wait_clean()
+local s50, s95 = stats(S.sandbox)
 row("engine.sandbox (stop returned)", s50, s95, b50, b95)
-
-local f50, f95 = time_runs(N, function()
-  local sb = assert(sandbox.new {})
-  assert(sb:exec({ "true" }).code == 0)
-  sb:stop()
-  wait_clean()
-end)
+local f50, f95 = stats(S.reaped)
 row("engine.sandbox (until reaped, cgroups gone)", f50, f95, b50, b95)
-
-local bw = proc.run({ "bwrap", "--version" })
-if bw and bw.code == 0 then
-  local w50, w95 = time_runs(N, function()
-    local r = proc.run({ "bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true" })
-    assert(r.code == 0, r.stderr)
-  end)
+if has_bwrap then
+  local w50, w95 = stats(S.bwrap)
   ref("bwrap --unshare-all ... true", w50, w95)
   print(string.format("  %-44s p50 %5.2fx  p95 %5.2fx (< 1 is faster)", "engine.sandbox / bwrap", s50 / w50, s95 / w95))
 end
@@ -112,13 +139,18 @@ end
 
 -- ---- 2. exec in a live sandbox --------------------------------------------------
 print(string.format("\nexec(\"true\") in a live sandbox, %d times", N * 5))
-local p50, p95 = baseline("spawn", N * 5)
-ref("host posix_spawn + waitpid", p50, p95)
 do
   local sb <close> = assert(sandbox.new {})
-  local e50, e95 = time_runs(N * 5, function() assert(sb:exec({ "/bin/true" }).code == 0) end)
+  local E = interleaved(N * 5, {
+    { name = "spawn", fn = function(n) return baseline_samples("spawn", n) end },
+    { name = "exec", fn = function(n) return time_samples(n, function() assert(sb:exec({ "/bin/true" }).code == 0) end) end },
+    { name = "proc", fn = function(n) return time_samples(n, function() assert(proc.run({ "/bin/true" }).code == 0) end) end },
+  })
+  local p50, p95 = stats(E.spawn)
+  ref("host posix_spawn + waitpid", p50, p95)
+  local e50, e95 = stats(E.exec)
   row("sb:exec({\"/bin/true\"})", e50, e95, p50, p95)
-  local h50, h95 = time_runs(N * 5, function() assert(proc.run({ "/bin/true" }).code == 0) end)
+  local h50, h95 = stats(E.proc)
   row("proc.run({\"/bin/true\"}) on the host (reference)", h50, h95, p50, p95)
 end
 

@@ -8,7 +8,8 @@
  *                              root, /proc, pivot_root, exec /bin/true, wait.
  *   sandbox_baseline spawn N   N times: posix_spawn /bin/true + waitpid.
  *
- * Prints "p50 p95 mean" in seconds. Run as root.
+ * Prints "p50 p95 mean" in seconds, or with a third argument "raw" every
+ * sample, one per line. Run as root.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -122,6 +123,10 @@ int main(int argc, char **argv) {
   mnt_dir = getenv("BASELINE_MNT") ? getenv("BASELINE_MNT") : "/run/engine/sandboxes/mnt";
   if (!t || n < 1) return 2;
   for (int i = 0; i < n; i++) sum += t[i] = box ? one_box() : one_spawn();
+  if (argc > 3 && !strcmp(argv[3], "raw")) {
+    for (int i = 0; i < n; i++) printf("%.6f\n", t[i]);
+    return 0;
+  }
   qsort(t, (size_t)n, sizeof *t, cmp);
   printf("%.6f %.6f %.6f\n", t[n / 2], t[(n * 95) / 100 < n ? (n * 95) / 100 : n - 1], sum / n);
   return 0;
