@@ -534,7 +534,7 @@ function M.sandbox(task, config)
   return {
     upper_dir = upper,
     image = { dockerfile = task.dockerfile, context = task.dir .. "/environment",
-              timeout = cfg.build_timeout * mul },
+              timeout = cfg.build_timeout * mul, quiet = config.quiet or nil },
     workdir = config.workdir,   -- else the image's final WORKDIR
     env = copy(cfg.environment_env),
     cpus = cfg.cpus,
@@ -605,8 +605,8 @@ function M.solve(ctx)
   local limit = ctx.timeouts and ctx.timeouts.agent
     or (task.config.agent_timeout or M.NO_AGENT_TIMEOUT) * multiplier(config_of(ctx))
   local env_vars = merge(task.config.environment_env, task.config.solution_env)
-  local res = sb:exec({ "bash", SOLUTION .. "/solve.sh" },
-    { cwd = st.workdir or workdir_of(ctx), env = env_vars, timeout = limit })
+  local res = must("solve.sh", sb:exec({ "bash", SOLUTION .. "/solve.sh" },
+    { cwd = st.workdir or workdir_of(ctx), env = env_vars, timeout = limit }))
   trace_event(ctx, "tbench2.solve", { code = res.code, timed_out = res.timed_out,
     stdout = res.stdout and res.stdout:sub(-4000), stderr = res.stderr and res.stderr:sub(-4000) })
   return res
@@ -623,9 +623,10 @@ local VERIFIERS = {
 local function run_verifier(ctx, sb, which, files)
   local task, st = ctx.task, state(ctx)
   local limit = task.config.verifier_timeout * multiplier(config_of(ctx))
-  local res = sb:exec({ "bash", "-c", VERIFIERS[which] }, {
+  local res, err = sb:exec({ "bash", "-c", VERIFIERS[which] }, {
     cwd = st.workdir, timeout = limit,
     env = merge(task.config.environment_env, task.config.verifier_env) })
+  if not res then error({ kind = "infra_error", message = "verifier: " .. tostring(err) }, 0) end
   local detail = { verifier = which, exit_code = res.code, timed_out = res.timed_out or nil }
   local reward, rewards, kind = collect(sb, files)
   if which == "pytest" then

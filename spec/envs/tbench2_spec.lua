@@ -505,9 +505,15 @@ end
 describe_box("tbench2 verify window", function()
   local T = internals()
   local sandbox = require "engine.sandbox"
+  -- The examples' bases are the host here; say so rather than be warned.
+  local image = require "engine.image"
+  image.map("ubuntu:24.04", "host")
+  image.map("python:3.13-slim", "host")
 
   -- ctx for `dir` with a live sandbox; setup already run.
   local function episode(dir, config)
+    config = config or {}
+    config.quiet = true
     local task = assert(T.load_task(dir))
     local sb = assert(sandbox.new(T.sandbox(task, config or {})))
     local ctx = { task = task, sandbox = sb, config = config or {}, trace = fake_trace() }
