@@ -463,6 +463,22 @@ describe_episodes("tbench2 timeouts and cancellation", function()
     return run_env(args, nil, delay)
   end
 
+  it("ends an episode whose setup overruns", function()
+    local res = run_env("--tasks examples/tbench2/hello-file --agent oracle --timeout-setup 0.000001")
+    finally(function() cleanup_run(res) end)
+    local rec = res.episodes["hello-file"]
+    assert.equal("timeout", rec.status, res.stderr)
+    assert.equal("setup", rec.error.phase)
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
+  it("cleans up on Ctrl-C during an image build", function()
+    local res = interrupted("--tasks spec/fixtures/tbench2/tasks/slow-build --agent oracle", 1.5)
+    finally(function() cleanup_run(res) end)
+    assert.truthy(res.stdout:find("rc=130", 1, true), res.stdout .. res.stderr)
+    assert.equal(0, live_boxes(res), res.ps)
+  end)
+
   it("cleans up on Ctrl-C during the agent phase", function()
     local res = interrupted("--tasks examples/tbench2/hello-file --agent script:" .. AGENTS .. "/sleeper.lua", 2)
     finally(function() cleanup_run(res) end)
