@@ -419,6 +419,7 @@ static int child_main(void *arg) {
   fd = dup2(pair[1], 3) < 0 ? pair[1] : 3;
   close_range(0, 2, 0);
   close_range(4, ~0U, 0);
+  setsid();                       /* a Ctrl-C for the engine is not for us */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   struct pollfd pf = {fd, 0, 0};
   if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)) _exit(1);  /* engine gone */
