@@ -504,8 +504,26 @@ local function tasks_dir(opts)
   return opts.tasks or (engine.root and engine.root .. "/examples/tbench2") or "examples/tbench2"
 end
 
+local CHOICES = { verifier = { ["test.sh"] = true, pytest = true },
+                  verify = { same = true, fresh = true }, network = { none = true, host = true } }
+
+-- Checks the env's flags once, before any episode: one line per mistake.
+local function check_options(opts)
+  for key, allowed in pairs(CHOICES) do
+    local v = opts[key]
+    if v ~= nil and not allowed[v] then
+      local names = {}
+      for name in pairs(allowed) do names[#names + 1] = name end
+      table.sort(names)
+      error(string.format("--%s: expected %s, got '%s'", key, table.concat(names, " or "), tostring(v)), 0)
+    end
+  end
+end
+
 function M.tasks(opts)
-  return M.discover(tasks_dir(opts or {}))
+  opts = opts or {}
+  check_options(opts)
+  return M.discover(tasks_dir(opts))
 end
 
 local function random_hex(n)

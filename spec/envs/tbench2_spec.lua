@@ -130,6 +130,15 @@ describe("tbench2 task reading", function()
     end)
   end
 
+  it("rejects an unknown --verify or --verifier before any episode", function()
+    local ok, err = pcall(T.tasks, { tasks = EXAMPLES, verify = "later" })
+    assert.is_false(ok)
+    assert.equal("--verify: expected fresh or same, got 'later'", err)
+    ok, err = pcall(T.tasks, { tasks = EXAMPLES, verifier = "nose" })
+    assert.is_false(ok)
+    assert.equal("--verifier: expected pytest or test.sh, got 'nose'", err)
+  end)
+
   it("fails discovery of a dataset with a broken task, naming it", function()
     local ok, err = pcall(T.discover, FIXTURES .. "/broken")
     assert.is_false(ok)
