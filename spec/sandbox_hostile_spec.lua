@@ -4,6 +4,10 @@ local engine = require "engine"
 local sandbox = require "engine.sandbox"
 local core = require "engine.sandbox.core"
 
+-- Sleep durations unique to this run, so host-side pgrep checks never see
+-- another run's processes (the suite may run concurrently).
+local UNIQ = tostring(math.random(100000, 999999))
+
 local function sh(cmd)
   local f = assert(io.popen(cmd))
   local out = f:read("a")
@@ -207,24 +211,24 @@ describe("a hostile sandbox", function()
 
   it("leaves no process running after stop, daemons included", function()
     local b = assert(sandbox.new {})
-    assert(b:exec("setsid sh -c 'sleep 777 & sleep 777' >/dev/null 2>&1 < /dev/null &"))
+    assert(b:exec("setsid sh -c 'sleep 777" .. UNIQ .. " & sleep 777" .. UNIQ .. "' >/dev/null 2>&1 < /dev/null &"))
     engine.sleep(0.2)
-    assert.is_not.equal("", sh("pgrep -f 'sleep 77[7]' || true"))
+    assert.is_not.equal("", sh("pgrep -f 'sleep 77[7]" .. UNIQ .. "' || true"))
     b:stop()
-    assert.is_true(eventually(function() return sh("pgrep -f 'sleep 77[7]' || true") == "" end))
+    assert.is_true(eventually(function() return sh("pgrep -f 'sleep 77[7]" .. UNIQ .. "' || true") == "" end))
   end)
 
   it("returns a running exec when stopped, leaking nothing", function()
     local b = assert(sandbox.new {})
     local info = b._box:info()
-    local t = engine.spawn(function() return b:exec("sleep 555") end)
+    local t = engine.spawn(function() return b:exec("sleep 555" .. UNIQ) end)
     engine.sleep(0.3)
     b:stop()
     local ok, r = t:join()
     assert.is_true(ok)
     assert.equal(9, r.signal)
     assert.is_true(eventually(function()
-      return sh("pgrep -f 'sleep 55[5]' || true") == "" and core.host_stat(info.cgroups[1]) == nil
+      return sh("pgrep -f 'sleep 55[5]" .. UNIQ .. "' || true") == "" and core.host_stat(info.cgroups[1]) == nil
     end))
   end)
 

@@ -4,6 +4,10 @@ local engine = require "engine"
 local sandbox = require "engine.sandbox"
 local core = require "engine.sandbox.core"
 
+-- Sleep durations unique to this run, so host-side pgrep checks never see
+-- another run's processes (the suite may run concurrently).
+local UNIQ = tostring(math.random(100000, 999999))
+
 local function sh(cmd)
   local f = assert(io.popen(cmd))
   local out = f:read("a")
@@ -386,7 +390,7 @@ describe("engine.sandbox", function()
   describe("lifecycle", function()
     it("stops idempotently and leaves nothing behind", function()
       local b = assert(sandbox.new {})
-      assert(b:exec("sleep 1000 >/dev/null 2>&1 &"))
+      assert(b:exec("sleep " .. "1000" .. UNIQ .. " >/dev/null 2>&1 &"))
       local t = traces(b)
       assert.is_true(exists(t.state))
       assert.is_true(b:alive())
@@ -396,7 +400,7 @@ describe("engine.sandbox", function()
       assert.same({ nil, "closed" }, { b:exec("true") })
       assert.same({ nil, "closed" }, { b:read("/etc/passwd") })
       assert.is_true(eventually(function() return gone(t) end))
-      assert.equal("", sh("pgrep -f 'sleep 100[0]' || true"))
+      assert.equal("", sh("pgrep -f 'sleep 100[0]" .. UNIQ .. "' || true"))
     end)
 
     it("returns a running exec when stopped", function()
@@ -488,8 +492,8 @@ describe("engine.sandbox", function()
         local sandbox = require "engine.sandbox"
         local a = assert(sandbox.new { labels = { role = "victim" } })
         local b = assert(sandbox.new { ttl = 3600 })
-        assert(a:exec("sleep 888 >/dev/null 2>&1 &"))
-        assert(b:exec("sleep 888 >/dev/null 2>&1 &"))
+        assert(a:exec("sleep 888]] .. UNIQ .. [[ >/dev/null 2>&1 &"))
+        assert(b:exec("sleep 888]] .. UNIQ .. [[ >/dev/null 2>&1 &"))
         io.stdout:write(a._box:info().pid, " ", b._box:info().pid, "\n")
         io.stdout:flush()
         require("engine").sleep(3600)
@@ -507,7 +511,7 @@ describe("engine.sandbox", function()
       -- pid 1 of each sandbox dies with the engine, and everything inside with it
       assert.is_true(eventually(function()
         return not exists("/proc/" .. pa .. "/stat") and not exists("/proc/" .. pb .. "/stat") and
-               sh("pgrep -f 'sleep 88[8]' || true") == ""
+               sh("pgrep -f 'sleep 88[8]" .. UNIQ .. "' || true") == ""
       end))
       assert.matches("%(dead%)", sh(env .. exe .. " ps"))
       local recs = {}
