@@ -56,7 +56,7 @@ describe("a hostile sandbox", function()
   end)
 
   it("survives a fork bomb: the pids limit holds, the engine stays responsive", function()
-    local bomb <close> = assert(sandbox.new { pids = 64, memory = "256M" })
+    local bomb <close> = assert(sandbox.new { pids = 64, memory = "256M", cpus = 0.5 })
     local t = engine.spawn(function()
       return bomb:exec("bomb() { bomb | bomb & }; bomb", { timeout = 5 })
     end)
