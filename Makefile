@@ -12,7 +12,7 @@ build: setup
 	@cmake --build $(BUILD) -j2 -- --no-print-directory >/dev/null
 
 run: build
-	./$(BUILD)/engine run examples/tasks.lua
+	./$(BUILD)/engine run envs/hello.lua --agent oracle
 
 test: build
 	@BUILD=$(BUILD) ./scripts/test.sh

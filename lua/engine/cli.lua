@@ -39,12 +39,26 @@ local function drain_tasks(grace)
   waiter:join()
 end
 
+-- An error raised by the file's own top level is bad input: one line. An
+-- error deeper down keeps its traceback.
+local function describe_failure(err)
+  local msg = tostring(err)
+  local first, frames = msg:match("^([^\n]*)\nstack traceback:\n(.*)$")
+  if not first then return msg end
+  for frame in frames:gmatch("[^\n]+") do
+    if not frame:match("^%s*%[C%]") then
+      return frame:match("in main chunk") and first or msg
+    end
+  end
+  return msg
+end
+
 -- Exit status after a script task ended: interrupted runs say how.
 local function exit_status(ok, err)
   local sig = engine.signal()
   if sig then return 128 + sig end
   if ok then return 0 end
-  io.stderr:write("engine: ", tostring(err), "\n")
+  io.stderr:write("engine: ", describe_failure(err), "\n")
   return 1
 end
 
@@ -75,6 +89,9 @@ local find_command
 function commands.run(argv)
   local path = argv[1]
   if not path then return die("run: missing FILE.lua") end
+  if path == "--resume" or path:match("^%-%-resume=") then
+    return require("engine.runner").resume_command(argv)
+  end
   if path:sub(1, 1) == "-" then return die("run: unknown flag " .. path) end
   return M.run_script(path, { table.unpack(argv, 2) })
 end

@@ -88,6 +88,9 @@ M.FLAGS = {
   { "api-key-env", arg = "VAR", help = "environment variable holding the API key" },
   { "max-turns", arg = "N", type = "integer", help = "agent turn limit" },
   { "command-timeout", arg = "S", type = "number", help = "seconds per agent command" },
+  { "prices", arg = "JSON|FILE", help = "model prices ({model = {input, output}} $ per 1M tokens)" },
+  { "extra-body", arg = "JSON|FILE", help = "extra fields for every model request" },
+  { "model-concurrency", arg = "N", type = "integer", help = "model requests in flight (default 64)" },
   { "help", short = "h", type = "boolean", help = "this text" },
 }
 

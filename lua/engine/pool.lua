@@ -267,9 +267,9 @@ end
 
 -- Why a released box cannot be parked, or nil when it can.
 function Pool:_unkeepable(e, slot, why)
+  if slot.discard then return slot.discard end   -- the most specific reason
   if why then return why end
   if self.closed then return "closed" end
-  if slot.discard then return slot.discard end
   if e.stopped or not is_alive(e.sb) then return "dead" end
 end
 
@@ -381,12 +381,14 @@ Pool.__gc = function(self) pcall(Pool.close, self, true) end
 
 -- ---- lease ------------------------------------------------------------------
 
--- lease:release{healthy = false}: ends the lease now; unhealthy stops the box
--- instead of parking it. Idempotent.
+-- lease:release{healthy = false, reason = "..."}: ends the lease now;
+-- unhealthy stops the box instead of parking it, and the key's next lease
+-- reports reason (default "unhealthy"). Idempotent.
 function Lease:release(opts)
   if self.released then return end
   self.released = true
-  self.pool:_release(self, opts and opts.healthy == false and "unhealthy" or nil)
+  local unhealthy = opts and opts.healthy == false
+  self.pool:_release(self, unhealthy and (opts.reason or "unhealthy") or nil)
 end
 
 -- Leaving the scope by an error ("failed") or a cancellation ("cancelled")

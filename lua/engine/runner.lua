@@ -311,22 +311,22 @@ local function provision(st, ctx)
   return { sb = sb, lease = lease, created = engine.monotonic(), runtime = {
     provider = info.provider or (type(spec.provider) == "string" and spec.provider) or "local",
     id = sb.id, image = type(info.image) == "string" and info.image or (type(spec.image) == "string" and spec.image or nil),
-    borrowed = borrowed } }
+    borrowed = borrowed, reason = lease and lease.reason or nil } }
 end
 
-local function close_lease(lease, broken)
-  if type(lease.release) == "function" then return lease:release({ healthy = not broken }) end
+local function close_lease(lease, broken, reason)
+  if type(lease.release) == "function" then return lease:release({ healthy = not broken, reason = reason }) end
   local mt = getmetatable(lease)
   if mt and mt.__close then return mt.__close(lease, nil) end
 end
 
 -- Gives the box back: parks it in the pool after a clean episode, else
 -- stops it. Never raises.
-local function release(st, box, broken)
+local function release(st, box, broken, reason)
   if not box or box.released then return end
   box.released = true
   if box.lease then
-    local ok, err = pcall(close_lease, box.lease, broken)
+    local ok, err = pcall(close_lease, box.lease, broken, reason)
     if not ok then io.stderr:write("engine: releasing a pooled sandbox: ", first_line(err), "\n") end
     return
   end
@@ -430,8 +430,11 @@ local function cleanup(st, out, box, err)
       ctx.trace:event("cleanup_error", { message = out.cleanup_error, traceback = r.traceback })
     end
   end
-  local broken = err ~= nil or (out.error and out.error.kind == "infra_error")
-  release(st, box, broken)
+  -- A box whose episode failed in any way is not reused: its state is unknown.
+  local broken = err ~= nil or out.error ~= nil
+  local why = broken and ("episode " .. tostring(ctx.run.episode_id) .. " ended with " ..
+    (out.error and out.error.kind or "an error")) or nil
+  release(st, box, broken, why)
   out.phases.cleanup = (out.phases.cleanup or 0) + engine.monotonic() - t0
 end
 
@@ -452,6 +455,7 @@ local function attempt(st, out)
     cleanup(st, out, box, e)
   end })
   ctx.sandbox, ctx.borrowed = M.traced_sandbox(box.sb, ctx.trace), box.runtime.borrowed
+  ctx.lease = box.lease
   ctx.trace:event("sandbox", box.runtime)
   if st.env.setup then
     r = phase(out, "setup", st.env.setup, ctx)
@@ -752,9 +756,11 @@ local function finish_run(st)
   summary.wall = st.session.ended_at - st.session.started_at
   summary.sandboxes = total_usage(st.sessions)
   summary.run_dir = st.dir
+  summary.model_usage = st.model_usage
   st.run:close({ status = status, ended_at = st.session.ended_at, sessions = st.sessions,
     totals = { episodes = summary.episodes, mean_reward = summary.mean_reward, stderr = summary.stderr,
-      errors = summary.errors, pass_at_k = summary.pass_at_k, sandboxes = summary.sandboxes } })
+      errors = summary.errors, pass_at_k = summary.pass_at_k, sandboxes = summary.sandboxes,
+      model_usage = summary.model_usage } })
   return status, summary
 end
 
@@ -812,12 +818,12 @@ function M.execute(env_table, env_path, args, config, agent)
     pcall(st.pool.close, st.pool)
   end
   if not jok then st.fatal = st.fatal or jerr end
-  local status, summary = finish_run(st)
-  if st.pool_final then summary.pool = st.pool_final end
   if type(agent.usage) == "function" then
     local uok, u = pcall(agent.usage, agent)
-    if uok and type(u) == "table" then summary.model_usage = u end
+    if uok and type(u) == "table" then st.model_usage = u end
   end
+  local status, summary = finish_run(st)
+  if st.pool_final then summary.pool = st.pool_final end
   print_summary(st, summary)
   if st.fatal then say(first_line(st.fatal)); return 1 end
   if status == "interrupted" then return 128 + (engine.signal() or 2) end

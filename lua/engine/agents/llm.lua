@@ -90,6 +90,7 @@ local function settings(self, ctx)
   for _, src in ipairs{ self.config, ctx.config or {} } do
     for k, v in pairs(src) do s[k] = v end
   end
+  s.max_concurrency = s.max_concurrency or s.model_concurrency
   s.extra_body = json_setting(s.extra_body, "extra_body")
   s.prices = json_setting(s.prices or os.getenv("ENGINE_PRICES"), "prices")
   return s
