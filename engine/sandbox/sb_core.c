@@ -365,7 +365,9 @@ static void retry_cb(struct ev_loop *l, ev_timer *w, int revents) {
 static void try_clean(sbox *sb) {
   if (sb->state == ST_CLEAN) return;
   if (eng_sb_cgroup_remove(&sb->cg) < 0 && ++sb->retries < 500) {
-    ev_timer_init(&sb->retry, retry_cb, 0.02, 0);
+    double wait = 0.001 * (1 << (sb->retries < 5 ? sb->retries : 5));  /* 2..32 ms */
+    ev_timer_init(&sb->retry, retry_cb, wait, 0);
+    ev_now_update(eng_loop());
     ev_timer_start(eng_loop(), &sb->retry);
     ev_unref(eng_loop());
     return;
