@@ -40,6 +40,8 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -203,7 +205,9 @@ const char *eng_sb_mask_prepare(void) {
   static const sb_config none;
   struct stat st;
   char path[PATH_MAX];
+  struct statfs sf;
   if (mask_current()) return shared.path;
+  if (statfs("/dev/shm", &sf) < 0 || sf.f_type != TMPFS_MAGIC) return NULL;
   for (int i = 0; i < 3; i++) {
     if (stat(mirrored[i], &st) < 0) memset(&st, 0, sizeof st);
     shared.mt[i] = st.st_mtim;
