@@ -585,7 +585,8 @@ local function command_timeout(config)
 end
 
 -- The sandbox as the agent sees it: every exec bounded by --command-timeout
--- and run in the workdir unless the agent says otherwise.
+-- and run in the workdir unless the agent says otherwise; no transfers to or
+-- from host paths (an agent works inside its box).
 function M.agent_sandbox(sb, workdir, limit)
   local proxy = {}
   function proxy.exec(_, cmd, opts)
@@ -594,6 +595,10 @@ function M.agent_sandbox(sb, workdir, limit)
     opts.cwd = opts.cwd or workdir
     return sb:exec(cmd, opts)
   end
+  local function no_host(name)
+    return function() error("sandbox:" .. name .. " is not available to agents", 2) end
+  end
+  proxy.upload, proxy.download = no_host("upload"), no_host("download")
   return setmetatable(proxy, { __index = function(_, k)
     local v = sb[k]
     if type(v) == "function" then return function(_, ...) return v(sb, ...) end end
