@@ -17,7 +17,17 @@
 --   tests are staged, and both are removed again after scoring on every path
 --   (success, error, timeout, cancellation);
 -- * scoring on one box is serialised by a lock, and `--verify fresh` scores in
---   a second sandbox holding the agent's final files but none of its processes.
+--   a second sandbox holding the agent's final files but none of its processes;
+-- * the agent sees the box through a view whose commands are bounded by
+--   --command-timeout (TB2_COMMAND_TIMEOUT_S, default 180 s) and run in the
+--   workdir, with no file transfers to or from host paths.
+--
+-- Flags (beyond the runner's): --tasks DIR, --verifier test.sh|pytest,
+-- --verify same|fresh, --workdir PATH, --network none|host. Task timeouts
+-- ([agent], [verifier], build) become the runner's phase bounds and scale
+-- with --timeout-multiplier. The score detail names the verifier, the verify
+-- mode, the reward.json keys and the error kind (reward_file_missing,
+-- reward_file_empty, reward_parse_error, verifier_timeout) when there is one.
 local engine = require "engine"
 local env = require "engine.env"
 local json = require "engine.json"
