@@ -519,6 +519,9 @@ local CHOICES = { verifier = { ["test.sh"] = true, pytest = true },
 
 -- Checks the env's flags once, before any episode: one line per mistake.
 local function check_options(opts)
+  if opts.pool then
+    error("--pool: tbench2 episodes each need a box of their own (a reused box keeps the last agent's files)", 0)
+  end
   for key, allowed in pairs(CHOICES) do
     local v = opts[key]
     if v ~= nil and not allowed[v] then
