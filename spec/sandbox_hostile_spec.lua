@@ -181,6 +181,14 @@ describe("a hostile sandbox", function()
     assert.not_matches("main", r.stdout)                    -- no project checkout
   end)
 
+  it("sees no password hashes or ssh host keys of the host", function()
+    local r = assert(sb:exec("cut -d: -f2 /etc/shadow /etc/gshadow | sort -u; ls /etc/shadow- /etc/gshadow- 2>/dev/null; " ..
+      "ls /etc/ssh 2>/dev/null | grep -c '^ssh_host_.*_key$'"))
+    assert.equal("*\n0\n", r.stdout)
+    local host_lines = select(2, read_host("/etc/shadow"):gsub("\n", ""))
+    assert.equal(tostring(host_lines) .. "\n", sb:exec("wc -l < /etc/shadow").stdout)
+  end)
+
   it("has no network egress in mode none, and fails fast", function()
     local t0 = engine.monotonic()
     local r = assert(sb:exec("python3 -c 'import socket; s = socket.socket(); s.settimeout(5); " ..

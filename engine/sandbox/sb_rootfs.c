@@ -146,8 +146,61 @@ static int mask_hide(const char *mask, const char *path) {
   return make_whiteout(out);
 }
 
+/* Writes mask/etc/NAME: the host's file with every password hash made
+ * "*" (the file stays, so tools inside work on the sandbox's own copy). */
+static int mask_hashes(const char *mask, const char *name) {
+  char in[PATH_MAX], out[PATH_MAX * 2], buf[1 << 16];
+  struct stat st;
+  snprintf(in, sizeof in, "/etc/%s", name);
+  int fd = open(in, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 0 : -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  if (n < 0 || fstat(fd, &st) < 0) { close(fd); return -1; }
+  close(fd);
+  buf[n] = 0;
+  snprintf(out, sizeof out, "%s/etc/%s", mask, name);
+  FILE *f = fopen(out, "we");
+  if (!f) return -1;
+  for (char *line = buf, *next; *line; line = next) {
+    next = line + strcspn(line, "\n");
+    if (*next) *next++ = 0;
+    char *colon = strchr(line, ':'), *rest = colon ? strchr(colon + 1, ':') : NULL;
+    if (rest) fprintf(f, "%.*s:*%s\n", (int)(colon - line), line, rest);
+    else fprintf(f, "%s\n", line);
+  }
+  if (fchown(fileno(f), st.st_uid, st.st_gid) < 0 || fchmod(fileno(f), st.st_mode & 07777) < 0) {
+    fclose(f);
+    return -1;
+  }
+  return fclose(f);
+}
+
+/* Host secrets inside the allowed /etc: hashes blanked, the backups of
+ * the hash files and the ssh host private keys hidden. */
+static int mask_secrets(const char *mask) {
+  char out[PATH_MAX + 16];
+  struct dirent *de;
+  snprintf(out, sizeof out, "%s/etc", mask);
+  if (mkdir(out, 0755) < 0 && errno != EEXIST) return -1;
+  if (mask_hashes(mask, "shadow") < 0 || mask_hashes(mask, "gshadow") < 0 ||
+      mask_hide(mask, "/etc/shadow-") < 0 || mask_hide(mask, "/etc/gshadow-") < 0)
+    return -1;
+  DIR *d = opendir("/etc/ssh");
+  if (!d) return 0;
+  while ((de = readdir(d))) {
+    size_t n = strlen(de->d_name);
+    if (strncmp(de->d_name, "ssh_host_", 9) || (n > 4 && !strcmp(de->d_name + n - 4, ".pub")))
+      continue;
+    snprintf(out, sizeof out, "/etc/ssh/%s", de->d_name);
+    if (mask_hide(mask, out) < 0) { closedir(d); return -1; }
+  }
+  closedir(d);
+  return 0;
+}
+
 static int build_mask(const sb_config *cfg, const char *mask) {
-  if (mkdir(mask, 0755) < 0 || mask_dir(mask, "") < 0 || mask_empties(mask) < 0)
+  if (mkdir(mask, 0755) < 0 || mask_dir(mask, "") < 0 || mask_empties(mask) < 0 ||
+      mask_secrets(mask) < 0)
     return -1;
   for (int i = 0; i < cfg->nhide; i++)
     if (mask_hide(mask, cfg->hide[i]) < 0) return -1;
@@ -178,13 +231,15 @@ static int host_lower(const sb_config *cfg, const char *t, char *out, size_t len
  * sandbox without `hide` shares it as a read-only lower. It lives on
  * /dev/shm (a tmpfs: overlayfs refuses a lower inside another lower's tree,
  * and "/" is one) and is rebuilt whenever a directory it mirrors changes. */
-static struct { char path[PATH_MAX]; struct timespec mt[3]; int gen; } shared;
-static const char *mirrored[3] = {"/", "/var", "/var/lib"};
+#define NMIRRORED 7
+static struct { char path[PATH_MAX]; struct timespec mt[NMIRRORED]; int gen; } shared;
+static const char *mirrored[NMIRRORED] = {"/", "/var", "/var/lib", "/etc", "/etc/ssh",
+                                          "/etc/shadow", "/etc/gshadow"};
 
 static int mask_current(void) {
   struct stat st;
   if (!*shared.path) return 0;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < NMIRRORED; i++) {
     if (stat(mirrored[i], &st) < 0) memset(&st, 0, sizeof st);
     if (st.st_mtim.tv_sec != shared.mt[i].tv_sec || st.st_mtim.tv_nsec != shared.mt[i].tv_nsec)
       return 0;
@@ -208,7 +263,7 @@ const char *eng_sb_mask_prepare(void) {
   struct statfs sf;
   if (mask_current()) return shared.path;
   if (statfs("/dev/shm", &sf) < 0 || sf.f_type != TMPFS_MAGIC) return NULL;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < NMIRRORED; i++) {
     if (stat(mirrored[i], &st) < 0) memset(&st, 0, sizeof st);
     shared.mt[i] = st.st_mtim;
   }
