@@ -396,6 +396,21 @@ describe_episodes("tbench2 episodes", function()
     end)
   end
 
+  it("gives task commands their own root: no host env, profile or identity", function()
+    local out = os.tmpname()
+    local res = run_env("--tasks examples/tbench2/hello-file --agent script:" .. AGENTS .. "/probe_env.lua",
+      "TB2_SPEC_OUT=" .. sh_quote(out) .. " TB2_SECRET_TOKEN=hunter2 GIT_AUTHOR_NAME=host-user")
+    finally(function() cleanup_run(res); os.remove(out) end)
+    local seen = read(out)
+    assert.truthy(seen:find("HOME=/root\n", 1, true), seen)
+    assert.is_nil(seen:find("hunter2", 1, true), seen)
+    assert.is_nil(seen:find("host-user", 1, true), seen)
+    assert.is_nil(seen:find("TB2_SPEC_OUT", 1, true), seen)
+    assert.truthy(seen:find("--- files\n--- rename", 1, true), seen)
+    assert.truthy(seen:find("rename-ok", 1, true), seen)
+    assert.truthy(seen:find("/bash\n", 1, true), seen)
+  end)
+
   it("defeats a background watcher under --verify fresh", function()
     local res = run_env("--tasks examples/tbench2 -c 5 --verify fresh --agent script:" .. AGENTS .. "/watcher.lua")
     finally(function() cleanup_run(res) end)
