@@ -552,11 +552,23 @@ function M.upper_root()
   return (os.getenv("ENGINE_STATE_DIR") or "/var/lib/engine") .. "/tbench2-upper"
 end
 
+-- The task's image: its [environment] docker_image when the user mapped that
+-- name to a local base (image.map, ENGINE_IMAGE_MAP: e.g. an imported
+-- `docker save` archive), else a build of environment/Dockerfile with
+-- environment/ as the only context.
+function M.image_of(task, config)
+  local cfg = task.config
+  local name = cfg.docker_image
+  if name and require("engine.image").mapped(name) then return name end
+  return { dockerfile = task.dockerfile, context = task.dir .. "/environment",
+           timeout = cfg.build_timeout * multiplier(config), quiet = config.quiet or nil }
+end
+
 -- The sandbox spec for a task: image from environment/ only (withholding),
 -- resources from [environment], its own network namespace.
 function M.sandbox(task, config)
   config = config or {}
-  local cfg, mul = task.config, multiplier(config)
+  local cfg = task.config
   local upper
   if config.verify == "fresh" then
     assert(require("engine.sandbox.core").host_mkdir(M.upper_root(), 448))  -- 0700
@@ -564,8 +576,7 @@ function M.sandbox(task, config)
   end
   return {
     upper_dir = upper,
-    image = { dockerfile = task.dockerfile, context = task.dir .. "/environment",
-              timeout = cfg.build_timeout * mul, quiet = config.quiet or nil },
+    image = M.image_of(task, config),
     workdir = config.workdir,   -- else the image's final WORKDIR
     env = copy(cfg.environment_env),
     cpus = cfg.cpus,

@@ -181,6 +181,15 @@ describe("tbench2 withholding", function()
     assert.truthy(tostring(err):find("loop"), err)
   end)
 
+  it("uses [environment] docker_image when that name is mapped locally", function()
+    local image = require "engine.image"
+    local t = assert(T.load_task(EXAMPLES .. "/hello-file"))
+    assert.is_table(T.sandbox(t, {}).image)
+    image.map("engine-examples/hello-file", "host")
+    finally(function() image.map("engine-examples/hello-file", nil) end)
+    assert.equal("engine-examples/hello-file:20261129", T.sandbox(t, {}).image)
+  end)
+
   it("builds the image from environment/ only", function()
     local t = assert(T.load_task(EXAMPLES .. "/hello-file"))
     local spec = T.sandbox(t, {})
