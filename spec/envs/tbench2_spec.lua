@@ -645,8 +645,9 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
   for kind, script in pairs(kinds) do
     it("scores 0 with " .. kind, function()
       local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] = script })
-      local ctx = episode(dir)
+      local ctx
       finally(function() stop(ctx); rm_rf(dir) end)
+      ctx = episode(dir)
       local reward, detail = T.score(ctx)
       assert.equal(0, reward)
       assert.equal(kind, detail.error)
@@ -657,8 +658,9 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
   it("records every reward.json key and uses reward, else the mean", function()
     local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] =
       "mkdir -p /logs/verifier; echo '{\"a\": 1, \"b\": 0.5}' > /logs/verifier/reward.json; echo 0 > /logs/verifier/reward.txt\n" })
-    local ctx = episode(dir)
+    local ctx
     finally(function() stop(ctx); rm_rf(dir) end)
+    ctx = episode(dir)
     local reward, detail = T.score(ctx)
     assert.equal(0.75, reward)
     assert.same({ a = 1, b = 0.5 }, detail.rewards)
@@ -693,8 +695,9 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
 
   it("scores with the tests read at reset, not later edits on disk", function()
     local dir = make_task(EXAMPLES .. "/hello-file")
-    local ctx = episode(dir)
+    local ctx
     finally(function() stop(ctx); rm_rf(dir) end)
+    ctx = episode(dir)
     write(dir .. "/tests/test.sh", "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n")
     assert.equal(0, (T.score(ctx)))
   end)
@@ -703,12 +706,12 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
     local script = 'mkdir -p /logs/verifier; [ "$(pwd)" = "$WANT" ] && echo 1 > /logs/verifier/reward.txt\n'
     local dir = make_task(EXAMPLES .. "/hello-file", { ["tests/test.sh"] = script,
       ["task.toml"] = '[verifier.env]\nWANT = "/app"\n' })
-    local ctx = episode(dir)
-    finally(function() stop(ctx); rm_rf(dir) end)
+    local ctx, ctx2
+    finally(function() stop(ctx); stop(ctx2); rm_rf(dir) end)   -- busted keeps one finally
+    ctx = episode(dir)
     assert.equal(1, (T.score(ctx)))
     write(dir .. "/task.toml", '[verifier.env]\nWANT = "/srv/x"\n')
-    local ctx2 = episode(dir, { workdir = "/srv/x" })
-    finally(function() stop(ctx2) end)
+    ctx2 = episode(dir, { workdir = "/srv/x" })
     assert.equal(1, (T.score(ctx2)))
   end)
 
@@ -732,8 +735,9 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
 
   it("removes /solution when the solve step is cancelled", function()
     local dir = make_task(EXAMPLES .. "/hello-file", { ["solution/solve.sh"] = "touch /app/started; sleep 60\n" })
-    local ctx = episode(dir)
+    local ctx
     finally(function() stop(ctx); rm_rf(dir) end)
+    ctx = episode(dir)
     local t = engine.spawn(T.solve, ctx)
     local deadline = engine.monotonic() + 20
     while not ctx.sandbox:exists("/app/started") and engine.monotonic() < deadline do engine.sleep(0.05) end
@@ -757,8 +761,9 @@ ln -s /hack/tests /tests; ln -s /hack/verifier /logs/verifier]]).code)
 echo "in $$" >> /var/tmp/order; sleep 0.3; echo "out $$" >> /var/tmp/order
 mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt
 ]] })
-    local ctx = episode(dir)
+    local ctx
     finally(function() stop(ctx); rm_rf(dir) end)
+    ctx = episode(dir)
     local ctx2 = setmetatable({ tb2 = false, trace = fake_trace() }, { __index = ctx })
     ctx2.tb2 = nil
     local a = engine.spawn(T.score, ctx)
