@@ -136,7 +136,14 @@ static int l_save_history(lua_State *L) {
   return 1;
 }
 
+/* edit.isatty() -> whether stdin and stdout are terminals */
+static int l_isatty(lua_State *L) {
+  lua_pushboolean(L, isatty(STDIN_FILENO) && isatty(STDOUT_FILENO));
+  return 1;
+}
+
 static const luaL_Reg edit_funcs[] = {
+  {"isatty", l_isatty},
   {"readline", l_readline}, {"interrupt", l_interrupt},
   {"set_completer", l_set_completer}, {"add_history", l_add_history},
   {"load_history", l_load_history}, {"save_history", l_save_history},

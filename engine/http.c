@@ -273,6 +273,7 @@ static int timer_set_cb(CURLM *m, long ms, void *up) {
   ev_timer_stop(eng_loop(), &timer);
   if (ms >= 0) {
     ev_timer_set(&timer, ms / 1000.0, 0);
+    ev_now_update(eng_loop());
     ev_timer_start(eng_loop(), &timer);
   }
   return 0;
@@ -477,6 +478,7 @@ static int wait_for(lua_State *L, int want, lua_CFunction self) {
   x->waiter = t;
   if (timeout >= 0) {
     ev_timer_set(&x->wait_timer, timeout, 0);
+    ev_now_update(eng_loop());     /* the cached time may be stale */
     ev_timer_start(eng_loop(), &x->wait_timer);
   }
   return eng_task_yield(L, wait_cleanup, x);

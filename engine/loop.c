@@ -60,6 +60,7 @@ static int l_sleep(lua_State *L) {
   if (!op) return luaL_error(L, "out of memory");
   op->task = t;
   ev_timer_init(&op->timer, sleep_cb, s, 0);
+  ev_now_update(loop);       /* a blocking call (os.execute) may have run */
   ev_timer_start(loop, &op->timer);
   return eng_task_yield(L, sleep_cleanup, op);
 }
@@ -121,6 +122,7 @@ static int l_deadline(lua_State *L) {
   eng_task_push(L, t);
   d->task_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   ev_timer_init(&d->timer, deadline_cb, s > 0 ? s : 0, 0);
+  ev_now_update(loop);
   ev_timer_start(loop, &d->timer);
   return 1;
 }

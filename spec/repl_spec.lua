@@ -49,6 +49,16 @@ function Screen:close()
   os.execute("rm -rf " .. self.home)
 end
 
+describe("engine repl without a terminal", function()
+  it("reads piped lines plainly and runs each as a task", function()
+    local f = io.popen([[printf 'x = 20\nx + 22\nengine.sleep(0.01)\nprint("ok")\n' | ]] ..
+      "timeout 10 " .. ENGINE .. " repl 2>&1; echo rc=$?")
+    local out = f:read("a")
+    f:close()
+    assert.equal("42\nok\nrc=0\n", out)
+  end)
+end)
+
 describe("engine repl", function()
   local s
   after_each(function() if s then s:close() s = nil end end)

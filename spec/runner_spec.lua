@@ -253,6 +253,18 @@ describe("engine.runner", function()
     assert.equal(0, P.live)
   end)
 
+  it("records an error kind the scorer names, keeping its reward", function()
+    local env = basic_env({
+      tasks = { { id = "t1", solution = "write /out 1" } },
+      score = function() return 0, { error = "reward_file_missing" } end,
+    })
+    assert.equal(0, run(env, { "--out", out, "-q" }))
+    local _, records = trace.read(only_run(out))
+    assert.equal(0, records[1].reward)
+    assert.equal("error", records[1].status)
+    assert.equal("reward_file_missing", records[1].error.kind)
+  end)
+
   it("scores after an agent timeout and says so", function()
     local env = basic_env({ tasks = { { id = "t1" } },
       run = function(ctx)

@@ -155,9 +155,19 @@ end
 
 -- Reads, compiles and runs chunks until Ctrl-D; an incomplete chunk keeps
 -- reading with the ">> " prompt, Ctrl-C at the prompt drops it.
+-- Without a terminal (input piped in), lines are read plainly: no prompt,
+-- no editing, no history.
+local function plain_reader()
+  return {
+    readline = function() return io.read("l") end,
+    load_history = function() end, save_history = function() end,
+    set_completer = function() end, add_history = function() end,
+  }
+end
+
 local function session(env, state)
-  local edit = require "engine.edit"
-  local hist = history_path()
+  local edit = state.tty and require "engine.edit" or plain_reader()
+  local hist = state.tty and history_path()
   if hist then edit.load_history(hist) end
   edit.set_completer(function(text) return complete(env, text) end)
   local chunk
@@ -180,7 +190,7 @@ local function session(env, state)
     end
   end
   if hist then edit.save_history(hist) end
-  io.stdout:write("\n")
+  if state.tty then io.stdout:write("\n") end
 end
 
 -- Sets up the session's globals; with an env file, starts playing it.
@@ -206,12 +216,12 @@ function M.main(argv)
   local ok_env, env, err = pcall(make_env, argv)
   if not ok_env then io.stderr:write("engine: ", tostring(env), "\n") return 1 end
   if not env then io.stderr:write("engine: ", err, "\n") return 2 end
-  local state = {}
+  local state = { tty = require("engine.edit").isatty() }
   engine.on_interrupt(function()
     if state.running then state.running:cancel()
     else require("engine.edit").interrupt() end
   end)
-  io.stdout:write("engine ", engine.version, " — Lua 5.4; Ctrl-D exits\n")
+  if state.tty then io.stdout:write("engine ", engine.version, " — Lua 5.4; Ctrl-D exits\n") end
   local t = engine.spawn(session, env, state)
   local ok, res = t:join()
   engine.on_interrupt(nil)

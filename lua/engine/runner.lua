@@ -415,6 +415,12 @@ local function score_phase(st, out)
   if reward == nil then return fail(out, "score_error", "score", { err = rewards }) end
   out.reward, out.rewards = reward, rewards
   ctx.score_detail = r.values[2]
+  -- A scorer may name what went wrong (tbench2: reward_file_missing, ...):
+  -- the reward stands, and the episode records the error kind.
+  local detail = r.values[2]
+  if type(detail) == "table" and type(detail.error) == "string" then
+    out.error = { kind = detail.error, message = type(detail.message) == "string" and detail.message or detail.error }
+  end
   ctx.trace:event("score", { reward = reward, rewards = rewards, detail = r.values[2] })
 end
 
