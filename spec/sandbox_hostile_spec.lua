@@ -167,6 +167,7 @@ describe("a hostile sandbox", function()
   it("cannot read secrets in the checkout, /root or /tmp of the host", function()
     local paths = { engine.root .. "/.sandbox-secret-" .. sb.id, "/root/.sandbox-secret-" .. sb.id,
                     "/tmp/.sandbox-secret-" .. sb.id }
+    finally(function() for _, p in ipairs(paths) do os.remove(p) end end)
     for _, p in ipairs(paths) do write_host(p, "TOPSECRET") end
     local cmd = {}
     for _, p in ipairs(paths) do cmd[#cmd + 1] = "cat " .. p .. " 2>/dev/null; echo rc=$?" end
