@@ -320,6 +320,9 @@ static int push_outcome(lua_State *L, eng_task *t) {
   return n;
 }
 
+/* Hands t's outcome to every joiner; a joiner whose stack cannot grow that
+ * far gets false, "too many results". Never raises (L has room for the
+ * outcome: task_finish checked). */
 static void wake_joiners(lua_State *L, eng_task *t) {
   waiter *w = t->joiners;
   t->joiners = NULL;
@@ -329,6 +332,12 @@ static void wake_joiners(lua_State *L, eng_task *t) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, t->ref);
     int n = push_outcome(L, t);
     lua_remove(L, -n - 1);
+    if (!lua_checkstack(co, n)) {
+      lua_pop(L, n);
+      lua_pushboolean(L, 0);
+      lua_pushliteral(L, "too many results");
+      n = 2;
+    }
     lua_xmove(L, co, n);
     eng_task_wake(w->task, n);
     free(w);
@@ -337,6 +346,12 @@ static void wake_joiners(lua_State *L, eng_task *t) {
 }
 
 static void task_finish(lua_State *L, eng_task *t, int nres) {
+  if (!lua_checkstack(L, nres + 8)) {  /* results (and joiners' copies) */
+    lua_settop(t->co, 0);
+    lua_pushboolean(t->co, 0);
+    lua_pushliteral(t->co, "too many results");
+    nres = 2;
+  }
   lua_rawgeti(L, LUA_REGISTRYINDEX, t->ref);       /* the task userdata */
   lua_createtable(L, nres, 0);
   lua_xmove(t->co, L, nres);
@@ -375,6 +390,7 @@ static eng_task *task_new(lua_State *L, int nargs) {
   luaL_setmetatable(L, TASK_MT);
   lua_insert(L, -nargs - 2);                        /* ud below fn and args */
   t->co = lua_newthread(L);
+  if (!lua_checkstack(t->co, nargs + 3)) luaL_error(L, "too many arguments");
   set_current(t->co, t);
   lua_setiuservalue(L, -nargs - 3, 1);              /* anchor the thread */
   lua_pushcfunction(t->co, task_entry);
@@ -528,6 +544,7 @@ static int l_unpark(lua_State *L) {
     lua_pushboolean(L, 0);
     return 1;
   }
+  if (!lua_checkstack(t->co, n)) return luaL_error(L, "too many values");
   lua_xmove(L, t->co, n);
   eng_task_wake(t, n);
   lua_pushboolean(L, 1);

@@ -217,4 +217,32 @@ describe("engine tasks", function()
       assert.same({ true, false, "too slow" }, { t:join() })
     end)
   end)
+  describe("many values", function()
+    -- regression: values were moved between thread stacks without growing
+    -- them (heap overflow under ASan, a crash in release)
+    local many = {}
+    for i = 1, 3000 do many[i] = i end
+
+    it("a task returns thousands of results to a joining task", function()
+      local t = engine.spawn(function() return table.unpack(many) end)
+      local j = engine.spawn(function()
+        local r = table.pack(t:join())
+        return r.n, r[r.n]
+      end)
+      assert.same({ true, 3001, 3000 }, { j:join() })
+    end)
+
+    it("a task receives thousands of arguments", function()
+      local t = engine.spawn(function(...) return select("#", ...) end,
+                             table.unpack(many))
+      assert.same({ true, 3000 }, { t:join() })
+    end)
+
+    it("unpark hands over thousands of values", function()
+      local t = engine.spawn(function() return select("#", engine.park()) end)
+      engine.sleep(0)
+      assert.is_true(engine.unpark(t, table.unpack(many)))
+      assert.same({ true, 3000 }, { t:join() })
+    end)
+  end)
 end)
