@@ -148,6 +148,27 @@ describe("engine.trace", function()
     assert.is_nil(trace.read("/proc/no/such/dir"))
   end)
 
+  it("shares one set of host file helpers: mkdirs, read_file, write_atomic", function()
+    local base = dir:match("^(.*)/run$")
+    assert.is_true(trace.mkdirs(base .. "/a/b/c"))
+    assert.is_true(trace.mkdirs(base .. "/a/b/c"))            -- idempotent
+    assert.is_nil(trace.read_file(base .. "/missing"))
+    local p = base .. "/a/f.json"
+    assert.is_true(trace.write_atomic(p, "one"))
+    assert.is_true(trace.write_atomic(p, "two"))
+    assert.equal("two", trace.read_file(p))
+    -- a failed rename (the target is a directory) keeps the target and
+    -- leaves no temp file behind
+    local ok, err = trace.write_atomic(base .. "/a/b", "x")
+    assert.is_nil(ok)
+    assert.is_string(err)
+    local names = {}
+    for name in require("lfs").dir(base .. "/a") do names[#names + 1] = name end
+    table.sort(names)
+    assert.same({ ".", "..", "b", "f.json" }, names)
+    assert.equal(require("engine.layers").write_atomic, trace.write_atomic)
+  end)
+
   it("encodes JSON that decodes back, with arrays, null, escapes and odd values", function()
     local v = { s = "a\"b\\c\n\t\1é/", n = 3, f = 0.5, big = 2 ^ 53, neg = -7, yes = true, no = false,
       list = { 1, "two", { x = 1 } }, empty = json.array(), obj = {}, null = json.null,

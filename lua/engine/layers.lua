@@ -15,6 +15,7 @@
 local engine = require "engine"
 local archive = require "engine.archive"
 local json = require "engine.json"
+local trace = require "engine.trace"
 
 local M = {}
 
@@ -32,39 +33,9 @@ local function default_root()
   return "/var/lib/engine/images"
 end
 
--- mkdir -p with mode 0755.
-function M.mkdirs(path)
-  local acc = path:sub(1, 1) == "/" and "" or "."
-  for part in path:gmatch("[^/]+") do
-    acc = acc .. "/" .. part
-    local ok, err = archive.mkdir(acc, 493)  -- 0755
-    if not ok then return nil, err end
-  end
-  return true
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-M.read_file = read_file
-
--- Writes data to path atomically (temp file + rename).
-local function write_atomic(path, data)
-  local tmp = string.format("%s.%d.%06d", path, math.floor(engine.now() * 1000) % 100000000,
-    math.random(0, 999999))
-  local f, err = io.open(tmp, "wb")
-  if not f then return nil, err end
-  f:write(data)
-  f:close()
-  local ok, rerr = os.rename(tmp, path)
-  if not ok then os.remove(tmp) return nil, rerr end
-  return true
-end
-M.write_atomic = write_atomic
+-- The shared host file helpers (engine.trace), re-exported for the image code.
+M.mkdirs, M.read_file, M.write_atomic = trace.mkdirs, trace.read_file, trace.write_atomic
+local read_file, write_atomic = M.read_file, M.write_atomic
 
 local function read_json(path)
   local s = read_file(path)

@@ -77,11 +77,8 @@ function M.hash_value(v)
 end
 
 local function file_hash(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return M.hash(s)
+  local s = trace.read_file(path)
+  return s and M.hash(s)
 end
 
 -- ---- tasks --------------------------------------------------------------------

@@ -463,13 +463,7 @@ Sandbox.__name = "engine.Sandbox"
 
 -- ---- bookkeeping: engine ps / engine gc --------------------------------------------
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("engine.trace").read_file
 
 -- True if pid is a live engine process.
 local function engine_alive(pid)

@@ -21,7 +21,8 @@
 -- leaves at most one torn last line per file, which readers skip. Trace
 -- events are buffered per episode (64 KiB) and flushed at finish.
 local json = require "engine.json"
-local lfs = require "lfs"
+local engine = require "engine"
+local archive = require "engine.archive"
 local core = require "engine.trace.core"
 
 core.configure(json.array_mt, json.null)
@@ -32,16 +33,41 @@ local FLUSH_BYTES = 64 * 1024
 M.EDGE_TYPES = { continuation = true, compaction = true, subagent_call = true,
   subagent_return = true, agent_message = true, subagent_cancel = true }
 
--- mkdir -p; returns true or nil, err.
+-- The host file helpers every Lua module shares (layers, sandbox, image
+-- builds, the runner use these rather than their own copies).
+
+-- mkdir -p with mode 0755 for the directories it makes; true or nil, err.
 function M.mkdirs(path)
   local acc = path:sub(1, 1) == "/" and "" or "."
   for part in path:gmatch("[^/]+") do
     acc = acc .. "/" .. part
-    if not lfs.attributes(acc, "mode") then
-      local ok, err = lfs.mkdir(acc)
-      if not ok and lfs.attributes(acc, "mode") ~= "directory" then return nil, acc .. ": " .. tostring(err) end
-    end
+    local ok, err = archive.mkdir(acc, 493)  -- 0755
+    if not ok then return nil, err end
   end
+  return true
+end
+
+-- The whole file, or nil when it cannot be opened.
+function M.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- Writes data to path atomically: a uniquely named temp file beside it,
+-- renamed over path only once every byte is written, so a full disk or a
+-- concurrent writer never leaves path truncated. true or nil, err.
+function M.write_atomic(path, data)
+  local tmp = string.format("%s.%d.%06d.tmp", path, math.floor(engine.now() * 1000) % 100000000,
+    math.random(0, 999999))
+  local f, err = io.open(tmp, "wb")
+  if not f then return nil, err end
+  local ok, werr = f:write(data)
+  local cok, cerr = f:close()
+  if ok and cok then ok, werr = os.rename(tmp, path) else werr = werr or cerr end
+  if not ok then os.remove(tmp) return nil, werr end
   return true
 end
 
@@ -85,23 +111,7 @@ function M.read_jsonl(path)
   return out, bad
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
--- Writes path atomically (tmp + rename).
-local function write_atomic(path, data)
-  local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "wb")
-  if not f then return nil, err end
-  f:write(data)
-  f:close()
-  return os.rename(tmp, path)
-end
+local read_file, write_atomic = M.read_file, M.write_atomic
 
 -- Opens an append-only JSONL file so that the next line starts on a fresh
 -- line even when the file ends in a torn line.
@@ -227,12 +237,7 @@ function Run:episode(meta)
   return ep
 end
 
-M.now = function()
-  local ok, engine = pcall(require, "engine")
-  local f = ok and engine.now or os.time
-  M.now = f
-  return f()
-end
+M.now = engine.now
 
 -- Writes the buffered events; the first flush of an episode truncates its
 -- trace file (a resumed episode starts over).
