@@ -330,6 +330,18 @@ describe("image builds", function()
     assert.equal(5, other.made)
   end)
 
+  it("reads one glob component as Go's filepath.Match does (COPY and .dockerignore)", function()
+    local pat = require("engine.image_ignore").component_pattern
+    assert.truthy(("a.conf"):match(pat("*.conf")))
+    assert.falsy(("a.confx"):match(pat("*.conf")))
+    assert.truthy(("b1"):match(pat("[ab]?")))
+    assert.falsy(("a1"):match(pat("[!ab]?")))
+    assert.truthy(("*x"):match(pat("\\*x")))
+    assert.falsy(("yx"):match(pat("\\*x")))
+    assert.truthy(("a[b"):match(pat("a[b")))
+    assert.truthy(("50%"):match(pat("50%")))
+  end)
+
   it("leaves out what .dockerignore excludes, and ignores changes to it", function()
     local ctx = context_copy()
     write(ctx .. "/.dockerignore", "# test rules\nconf/b.conf\napp/**/deep.txt\nconf/*.ini\n!conf/settings.ini\n")

@@ -211,26 +211,6 @@ function Build:copy_filtered(ins, src, rel, dst, o)
   end
 end
 
--- Lua pattern for one Go filepath.Match component.
-local function glob_pattern(g)
-  local out, i = { "^" }, 1
-  while i <= #g do
-    local c = g:sub(i, i)
-    if c == "*" then out[#out + 1] = "[^/]*"
-    elseif c == "?" then out[#out + 1] = "[^/]"
-    elseif c == "[" then
-      local close = g:find("]", i + 2, true)
-      if not close then out[#out + 1] = "%[" else
-        out[#out + 1] = "[" .. g:sub(i + 1, close - 1):gsub("^!", "^"):gsub("%%", "%%%%") .. "]"
-        i = close
-      end
-    elseif c == "\\" and i < #g then i = i + 1 out[#out + 1] = "%" .. g:sub(i, i)
-    else out[#out + 1] = c:match("%w") and c or "%" .. c end
-    i = i + 1
-  end
-  return table.concat(out) .. "$"
-end
-
 -- Context paths matching a COPY source pattern, sorted. Raises on "..".
 function Build:glob(ins, pattern)
   local matches = { self.context }
@@ -240,7 +220,7 @@ function Build:glob(ins, pattern)
       local next_matches = {}
       for _, dir in ipairs(matches) do
         if part:find("[%*%?%[\\]") then
-          local pat = glob_pattern(part)
+          local pat = ignore.component_pattern(part)
           for _, n in ipairs(archive.list(dir) or {}) do
             if n:match(pat) then next_matches[#next_matches + 1] = dir .. "/" .. n end
           end

@@ -11,13 +11,15 @@ local layers = require "engine.layers"
 
 local M = {}
 
--- Lua pattern for one glob component.
-local function component_pattern(g)
+-- Lua pattern for one path component as Go's filepath.Match reads it:
+-- `*` `?` `[...]` (`[!...]` negated) and `\` escapes; also used by COPY
+-- source globs (engine.image_build).
+function M.component_pattern(g)
   local out, i = { "^" }, 1
   while i <= #g do
     local c = g:sub(i, i)
-    if c == "*" then out[#out + 1] = ".*"
-    elseif c == "?" then out[#out + 1] = "."
+    if c == "*" then out[#out + 1] = "[^/]*"
+    elseif c == "?" then out[#out + 1] = "[^/]"
     elseif c == "[" and g:find("]", i + 2, true) then
       local close = g:find("]", i + 2, true)
       out[#out + 1] = "[" .. g:sub(i + 1, close - 1):gsub("^!", "^"):gsub("%%", "%%%%") .. "]"
@@ -28,6 +30,7 @@ local function component_pattern(g)
   end
   return table.concat(out) .. "$"
 end
+local component_pattern = M.component_pattern
 
 local function split(path)
   local parts = {}
