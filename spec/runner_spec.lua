@@ -606,6 +606,14 @@ describe("engine.report", function()
     assert.is_nil(report.pass_at_k(2, 1, 4))
   end)
 
+  it("formats byte counts for engine ps and engine images", function()
+    assert.equal("-", report.human_bytes(nil))
+    assert.equal("512B", report.human_bytes(512))
+    assert.equal("1.5K", report.human_bytes(1536))
+    assert.equal("2.0G", report.human_bytes(2 << 30))
+    assert.equal("3.0T", report.human_bytes(3 << 40))
+  end)
+
   it("summarizes rewards, errors and phases", function()
     local recs = {}
     for i = 1, 8 do

@@ -127,6 +127,14 @@ local function fmt_dur(x)
 end
 M.fmt_dur = fmt_dur
 
+-- 1536 -> "1.5K" (B, K, M, G, T; whole bytes under 1K); nil -> "-".
+function M.human_bytes(bytes)
+  if not bytes then return "-" end
+  local units, i = { "B", "K", "M", "G", "T" }, 1
+  while bytes >= 1024 and i < #units do bytes, i = bytes / 1024, i + 1 end
+  return i == 1 and string.format("%d%s", bytes, units[i]) or string.format("%.1f%s", bytes, units[i])
+end
+
 -- format(summary, header) -> the text summary.
 function M.format(s, header)
   local out = {}

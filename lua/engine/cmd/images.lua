@@ -12,11 +12,7 @@ usage: engine images                 list images with size and last use
 the store is ENGINE_IMAGE_DIR, else ENGINE_STATE_DIR/images, else /var/lib/engine/images
 ]]
 
-local function human(bytes)
-  local units, i = { "B", "K", "M", "G", "T" }, 1
-  while bytes >= 1024 and i < #units do bytes, i = bytes / 1024, i + 1 end
-  return i == 1 and string.format("%d%s", bytes, units[i]) or string.format("%.1f%s", bytes, units[i])
-end
+local human = require("engine.report").human_bytes
 
 local function ago(t)
   local s = math.floor(math.max(0, engine.now() - (t or 0)))

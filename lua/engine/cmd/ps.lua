@@ -8,12 +8,7 @@ usage: engine ps [--json]   list live sandboxes (state in ENGINE_STATE_DIR/sandb
                             default /run/engine/sandboxes); `engine gc` removes dead ones
 ]]
 
-local function human(bytes)
-  if not bytes then return "-" end
-  local units, i = { "B", "K", "M", "G" }, 1
-  while bytes >= 1024 and i < #units do bytes, i = bytes / 1024, i + 1 end
-  return i == 1 and string.format("%d%s", bytes, units[i]) or string.format("%.1f%s", bytes, units[i])
-end
+local human = require("engine.report").human_bytes
 
 local function age(t)
   local s = math.floor(math.max(0, engine.now() - (t or 0)))
