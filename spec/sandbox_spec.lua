@@ -479,6 +479,42 @@ describe("engine.sandbox", function()
       t:join()
       assert.same({ "first", "second" }, order)
     end)
+
+    -- regression: each cgroup-removal retry left libev's count of active
+    -- watchers one too low, so a later wait saw an "empty" loop and the run
+    -- died with a bogus "deadlock"
+    it("keeps the loop alive after cgroup removal had to be retried", function()
+      local proc = require "engine.proc"
+      local exe = sh("readlink /proc/" .. core.getpid() .. "/exe"):gsub("%s+$", "")
+      local dir = host_tmpdir()
+      local script = dir .. "/retry.lua"
+      write_host(script, [[
+        local engine = require "engine"
+        local sandbox = require "engine.sandbox"
+        local core = require "engine.sandbox.core"
+        local proc = require "engine.proc"
+        local b = assert(sandbox.new {})
+        local p = assert(proc.spawn({ "sleep", "60" }))
+        for _, cg in ipairs(b._box:info().cgroups) do  -- pins the cgroups
+          local f = assert(io.open(cg .. "/cgroup.procs", "w"))
+          f:write(tostring(p.pid))
+          f:close()
+        end
+        b:stop()
+        engine.sleep(0.3)                             -- several retries
+        p:kill(9)
+        p:wait()
+        local t0 = engine.monotonic()
+        while core.live() > 0 and engine.monotonic() - t0 < 10 do engine.sleep(0.02) end
+        local t = engine.spawn(function() engine.sleep(0.05) return "slept" end)
+        print(core.live(), select(2, t:join()))
+      ]])
+      local r = proc.run({ exe, "run", script }, { timeout = 60 })
+      os.remove(script)
+      os.remove(dir)
+      assert.equal("", r.stderr)
+      assert.equal("0\tslept\n", r.stdout)
+    end)
   end)
 
   describe("engine ps and engine gc", function()

@@ -357,8 +357,12 @@ static void finish_files(sbox *sb) {
   *sb->state_file = *sb->work_dir = 0;
 }
 
+/* The retry timer was unref'd when started and libev has just stopped it
+ * (one-shot): ref again, or the loop's count of active watchers drifts one
+ * lower per retry and ev_run reports an empty loop while others still wait. */
 static void retry_cb(struct ev_loop *l, ev_timer *w, int revents) {
-  (void)l; (void)revents;
+  (void)revents;
+  ev_ref(l);
   try_clean((sbox *)((char *)w - offsetof(sbox, retry)));
 }
 
