@@ -7,7 +7,6 @@
 --     anthropic_version, headers}
 --   p:complete{messages, tools, model, max_tokens, temperature, extra_body,
 --              stream, on_delta}
-local engine = require "engine"
 local json = require "engine.json"
 local model = require "providers.model"
 
@@ -177,31 +176,15 @@ local function assembled(acc)
            content = content }
 end
 
+local WIRE = { name = "anthropic", stream_handlers = stream_handlers, assembled = assembled,
+               parse = parse, stream_body = function(body) body.stream = true end }
+
 -- provider:complete(opts) -> result | nil, err, info
 -- opts.stream (or config stream = true) streams; opts.on_delta(text).
 function Anthropic:complete(opts)
   local model_name = opts.model or self.model
   if type(model_name) ~= "string" then error("anthropic: no model given (config.model)", 2) end
-  local t0 = engine.monotonic()
-  local body, box, handlers = build(self, opts, model_name), nil, nil
-  if opts.stream or (opts.stream == nil and self.stream) then
-    body.stream = true
-    box, handlers = stream_handlers(opts.on_delta)
-  end
-  local res, err, info = self:post("/messages", body, self:request_headers(), handlers)
-  if not res then return nil, err, info end
-  local v, derr
-  if box then v, derr = assembled(box.acc) else v, derr = model.decode(res, "anthropic") end
-  local out
-  if v then out, derr = parse(v) end
-  if not out then
-    self.totals.failures = self.totals.failures + 1
-    return nil, derr, { kind = "bad_response", status = res.status }
-  end
-  out.latency = engine.monotonic() - t0
-  out.cost = self:add_usage(model_name, out.usage.input_tokens, out.usage.output_tokens,
-                            out.latency)
-  return out
+  return self:exchange("/messages", build(self, opts, model_name), model_name, opts, WIRE)
 end
 
 return M

@@ -234,6 +234,36 @@ function M.decode(res, what)
   return v
 end
 
+-- The shared body of every provider's complete(): POSTs body to path
+-- (streamed when opts.stream, else the config's stream, says so), turns the
+-- 2xx response into a result and books its usage and latency. wire names
+-- the provider's pieces: name, stream_body(body) (marks the request
+-- streamed), stream_handlers(on_delta) -> box, new_handler, assembled(acc)
+-- -> body | nil, err, and parse(body) -> result | nil, err.
+-- Returns result | nil, err, info.
+function Base:exchange(path, body, model_name, opts, wire)
+  local t0 = engine.monotonic()
+  local box, handlers
+  if opts.stream or (opts.stream == nil and self.stream) then
+    wire.stream_body(body)
+    box, handlers = wire.stream_handlers(opts.on_delta)
+  end
+  local res, err, info = self:post(path, body, self:request_headers(), handlers)
+  if not res then return nil, err, info end
+  local v, derr
+  if box then v, derr = wire.assembled(box.acc) else v, derr = M.decode(res, wire.name) end
+  local out
+  if v then out, derr = wire.parse(v) end
+  if not out then
+    self.totals.failures = self.totals.failures + 1
+    return nil, derr, { kind = "bad_response", status = res.status }
+  end
+  out.latency = engine.monotonic() - t0
+  out.cost = self:add_usage(model_name, out.usage.input_tokens, out.usage.output_tokens,
+                            out.latency)
+  return out
+end
+
 -- Makes `class` inherit Base's methods (providers add complete()).
 function M.extend(class)
   class.__index = class

@@ -17,7 +17,6 @@
 -- result carry `arguments` (a decoded table) and `raw_arguments` (the
 -- string); arguments the model garbled give `arguments = nil, error = "..."`.
 -- finish_reason is "stop", "tool_calls", "length" or the server's own word.
-local engine = require "engine"
 local json = require "engine.json"
 local model = require "providers.model"
 
@@ -182,32 +181,18 @@ local function assembled(acc)
              tool_calls = calls } } } }
 end
 
+local WIRE = { name = "openai", stream_handlers = stream_handlers, assembled = assembled,
+               parse = parse, stream_body = function(body)
+                 body.stream, body.stream_options = true, { include_usage = true }
+               end }
+
 -- provider:complete(opts) -> result | nil, err, info (see the top).
 -- opts.stream (or config stream = true) streams the response; opts.on_delta
 -- (text) then sees the text as it arrives.
 function OpenAI:complete(opts)
   local model_name = opts.model or self.model
   if type(model_name) ~= "string" then error("openai: no model given (config.model)", 2) end
-  local t0 = engine.monotonic()
-  local body, box, handlers = build(self, opts, model_name), nil, nil
-  if opts.stream or (opts.stream == nil and self.stream) then
-    body.stream, body.stream_options = true, { include_usage = true }
-    box, handlers = stream_handlers(opts.on_delta)
-  end
-  local res, err, info = self:post("/chat/completions", body, self:request_headers(), handlers)
-  if not res then return nil, err, info end
-  local v, derr
-  if box then v = assembled(box.acc) else v, derr = model.decode(res, "openai") end
-  local out
-  if v then out, derr = parse(v) end
-  if not out then
-    self.totals.failures = self.totals.failures + 1
-    return nil, derr, { kind = "bad_response", status = res.status }
-  end
-  out.latency = engine.monotonic() - t0
-  out.cost = self:add_usage(model_name, out.usage.input_tokens, out.usage.output_tokens,
-                            out.latency)
-  return out
+  return self:exchange("/chat/completions", build(self, opts, model_name), model_name, opts, WIRE)
 end
 
 return M
