@@ -131,6 +131,33 @@ describe("engine repl", function()
     s:expect("engine%.monotonic")
   end)
 
+  it("plays an environment's task: sh, score, reset, recorded as a human episode", function()
+    local out = os.tmpname()
+    os.remove(out)
+    s = open_screen(engine.root .. "/envs/hello.lua --task hello-file --out " .. out)
+    s:expect("task hello%-file.*>$")
+    s:line('sh("echo Hello, world! > /app/hello.txt")')
+    s:expect("%[exit 0%]\n>$")
+    s:line("score()")
+    s:expect("reward 1")
+    s:line("reset()")
+    s:expect(">$")
+    s:line('sh("ls /app | wc -l")')
+    s:expect("\n0\n%[exit 0%]")
+    s:keys("C-d")
+    local records
+    local deadline = engine.monotonic() + 10
+    repeat
+      engine.sleep(0.1)
+      local f = io.popen("cat " .. out .. "/*/episodes.jsonl 2>/dev/null")
+      records = f:read("a")
+      f:close()
+    until records ~= "" or engine.monotonic() > deadline
+    os.execute("rm -rf " .. out)
+    assert.matches('"agent":"human"', records)
+    assert.matches('"task":"hello%-file"', records)
+  end)
+
   it("keeps history in the user's home and exits on Ctrl-D", function()
     s = open_screen()
     s:expect(">$")
