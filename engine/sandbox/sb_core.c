@@ -76,6 +76,7 @@ struct sbox {
 };
 
 static sbox *boxes;
+static lua_State *main_L;    /* replies are built on it, under a pcall */
 static pid_t engine_pid;
 static sb_config cfg;        /* the child reads its own copy */
 
@@ -232,9 +233,9 @@ static cmd *start_cmd(sbox *sb, lua_State *L, const sb_msg *m, int *fds) {
   return c;
 }
 
-/* Converts a reply into the pending operation's results. */
-static int deliver(pending *op, const sb_msg *m, char *payload, int *fds, int nfds) {
-  lua_State *L = eng_task_thread(op->task);
+/* Converts a reply into the pending operation's results, pushed on L. */
+static int deliver(lua_State *L, pending *op, const sb_msg *m, char *payload,
+                   int *fds, int nfds) {
   if (m->a < 0 && op->kind != K_READY) { close_fds(fds, nfds); return eng_fail(L, eng_sb_errmsg(-m->a)); }
   switch (op->kind) {
   case K_READY:
@@ -245,7 +246,10 @@ static int deliver(pending *op, const sb_msg *m, char *payload, int *fds, int nf
     return 1;
   case K_START:
     if (nfds != 3) { close_fds(fds, nfds); return eng_fail(L, "bad reply"); }
-    start_cmd(op->sb, L, m, fds);
+    if (!start_cmd(op->sb, L, m, fds)) {
+      close_fds(fds, nfds);
+      return eng_fail(L, "out of memory");
+    }
     return 1;
   case K_OPEN:
     if (nfds != 1) { close_fds(fds, nfds); return eng_fail(L, "bad reply"); }
@@ -273,10 +277,46 @@ static int deliver(pending *op, const sb_msg *m, char *payload, int *fds, int nf
   }
 }
 
+typedef struct reply {
+  pending *op;
+  const sb_msg *m;
+  char *payload;
+  int *fds, nfds;
+} reply;
+
+static int deliver_p(lua_State *L) {
+  reply *r = lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  return deliver(L, r->op, r->m, r->payload, r->fds, r->nfds);
+}
+
+/* Wakes op's task with the reply's results, built under a protected call on
+ * the main thread: an error (out of memory) becomes nil, "out of memory"
+ * instead of unwinding through libev. */
+static void deliver_protected(pending *op, const sb_msg *m, char *payload,
+                              int *fds, int nfds) {
+  lua_State *co = eng_task_thread(op->task);
+  reply r = {op, m, payload, fds, nfds};
+  int base = lua_gettop(main_L), n;
+  if (!lua_checkstack(main_L, 8)) { op_finish(op, 0); return; }
+  lua_pushcfunction(main_L, deliver_p);
+  lua_pushlightuserdata(main_L, &r);
+  if (eng_pcall(main_L, 1, LUA_MULTRET) != LUA_OK) {
+    lua_settop(main_L, base);
+    eng_fail(main_L, "out of memory");
+  }
+  n = lua_gettop(main_L) - base;
+  if (!lua_checkstack(co, n)) n = 0;
+  lua_xmove(main_L, co, n);
+  lua_settop(main_L, base);
+  op_finish(op, n);
+}
+
 static void handle(sbox *sb, const sb_msg *m, char *payload, int *fds, int nfds) {
   if (m->op == SB_EXIT) {
     close_fds(fds, nfds);
-    for (cmd *c = sb->cmds; c; c = c->next) if (c->seq == m->seq) cmd_exit(c, m->a);
+    for (cmd *c = sb->cmds; c; c = c->next)
+      if (c->seq == m->seq) { cmd_exit(c, m->a); break; }
     return;
   }
   pending *op = op_find(sb, m->seq);
@@ -288,7 +328,7 @@ static void handle(sbox *sb, const sb_msg *m, char *payload, int *fds, int nfds)
     close_fds(fds, nfds);
     return;
   }
-  op_finish(op, deliver(op, m, payload, fds, nfds));
+  deliver_protected(op, m, payload, fds, nfds);
 }
 
 /* The supervisor is gone or going: nothing more will come over the socket. */
@@ -301,12 +341,13 @@ static void lost(sbox *sb) {
   }
   if (sb->state < ST_STOPPING) sb->state = ST_STOPPING;
   while (sb->pending) op_fail(sb->pending, "closed");
-  for (cmd *c = sb->cmds, *next; c; c = next) {
-    next = c->next;
+  /* Unlink before reporting: waking a waiter builds Lua values, and a GC
+   * step there may release (and free) another cmd of this list. */
+  for (cmd *c; (c = sb->cmds); ) {
+    sb->cmds = c->next;
     cmd_exit(c, SIGKILL);
     c->sb = NULL;
   }
-  sb->cmds = NULL;
 }
 
 static void drain(sbox *sb) {
@@ -765,6 +806,9 @@ static const luaL_Reg core_funcs[] = {
 };
 
 int luaopen_engine_sandbox_core(lua_State *L) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  main_L = lua_tothread(L, -1);
+  lua_pop(L, 1);
   if (!engine_pid) {
     engine_pid = getpid();
     atexit(at_exit);
