@@ -74,6 +74,18 @@ describe("engine CLI", function()
     assert.matches("kaput", err)
   end)
 
+  it("reports a failed task nobody joined on stderr", function()
+    local path = script([[
+      local engine = require "engine"
+      engine.spawn(function() error("nobody saw this") end)
+      engine.sleep(0.01)
+    ]])
+    local st, _, err = run("run " .. path)
+    os.remove(path)
+    assert.equal(0, st)
+    assert.matches("a task failed and was never joined: [^\n]*nobody saw this", err)
+  end)
+
   it("cancels what the script left running, running its cleanups", function()
     local path = script([[
       local engine = require "engine"
