@@ -188,6 +188,22 @@ describe("engine.sandbox", function()
       assert.equal(1536, sandbox.parse_size(1536))
     end)
 
+    it("looks users up in passwd and group (one lookup for sandboxes and images)", function()
+      local files = {
+        ["/etc/passwd"] = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001:App:/home/app:/bin/sh\nshort:x:7:8:\n",
+        ["/etc/group"] = "root:x:0:\nstaff:x:50:\n",
+      }
+      local read = function(p) return files[p] end
+      assert.same({ 1000, 1001, "/home/app" }, { sandbox.lookup_user("app", read) })
+      assert.same({ 1000, 50, "/home/app" }, { sandbox.lookup_user("app:staff", read) })
+      assert.same({ 7, 8 }, { sandbox.lookup_user("short", read) })
+      assert.same({ 42, 42 }, { sandbox.lookup_user("42", read) })
+      assert.same({ 42, 9 }, { sandbox.lookup_user("42:9", read) })
+      assert.same({ nil, "unknown user nobody" }, { sandbox.lookup_user("nobody", read) })
+      assert.same({ nil, "unknown group wheel" }, { sandbox.lookup_user("app:wheel", read) })
+      assert.same({ nil, "unknown user app" }, { sandbox.lookup_user("app", function() return nil end) })
+    end)
+
     it("has only lo, up, with network none; the host's with network host", function()
       local r = assert(sb:exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '"))
       assert.equal("lo\n", r.stdout)

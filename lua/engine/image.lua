@@ -188,30 +188,13 @@ function M.read_visible(stack, path)
   return layers.read_file(real)
 end
 
--- uid of user (name or number) and its primary gid, through the stack's
--- /etc/passwd. Returns uid, gid or nil, err.
+-- uid of user (name or number) and its gid, through the stack's
+-- /etc/passwd and /etc/group. Returns uid, gid or nil, err.
 function M.user_ids(stack, user)
   if user == nil or user == "" then return 0, 0 end
-  local name, group = user:match("^([^:]*):?(.*)$")
-  local uid, gid = tonumber(name), nil
-  if not uid then
-    for line in (M.read_visible(stack, "/etc/passwd") or ""):gmatch("[^\n]+") do
-      local n, u, g = line:match("^([^:]*):[^:]*:(%d+):(%d+):")
-      if n == name then uid, gid = tonumber(u), tonumber(g) break end
-    end
-    if not uid then return nil, "unknown user " .. name end
-  end
-  if group ~= "" then
-    gid = tonumber(group)
-    if not gid then
-      for line in (M.read_visible(stack, "/etc/group") or ""):gmatch("[^\n]+") do
-        local n, g = line:match("^([^:]*):[^:]*:(%d+):")
-        if n == group then gid = tonumber(g) break end
-      end
-      if not gid then return nil, "unknown group " .. group end
-    end
-  end
-  return uid, gid or uid
+  local uid, gid = require("engine.sandbox").lookup_user(user,
+    function(path) return M.read_visible(stack, path) end)
+  return uid, gid
 end
 
 -- ---- resolving -------------------------------------------------------------

@@ -229,24 +229,28 @@ end
 
 -- ---- commands --------------------------------------------------------------------------
 
--- uid, gid for user (name, "uid", "uid:gid"), read from the sandbox's own
--- /etc/passwd and /etc/group.
-function Sandbox:user_ids(user)
-  if user == nil then return nil end
-  if math.type(user) == "integer" then return user, user end
+-- uid, gid and home of user ("name", "uid", "name:group", "uid:gid"),
+-- looked up through read(path) -> text | nil in /etc/passwd and
+-- /etc/group (engine.image reads an image's layers with it). A group left
+-- out is the user's primary one (uid itself for a bare number).
+-- Returns uid, gid, home or nil, err.
+function M.lookup_user(user, read)
   local name, group = tostring(user):match("^([^:]*):?(.*)$")
   local uid, gid, home = tonumber(name), nil, nil
   if not uid then
-    for line in (self:read("/etc/passwd") or ""):gmatch("[^\n]+") do
-      local n, u, g, h = line:match("^([^:]*):[^:]*:(%d+):(%d+):[^:]*:([^:]*)")
-      if n == name then uid, gid, home = tonumber(u), tonumber(g), h break end
+    for line in (read("/etc/passwd") or ""):gmatch("[^\n]+") do
+      local n, u, g = line:match("^([^:]*):[^:]*:(%d+):(%d+):")
+      if n == name then
+        uid, gid, home = tonumber(u), tonumber(g), line:match("^[^:]*:[^:]*:[^:]*:[^:]*:[^:]*:([^:]*)")
+        break
+      end
     end
     if not uid then return nil, "unknown user " .. name end
   end
   if group ~= "" then
     gid = tonumber(group)
     if not gid then
-      for line in (self:read("/etc/group") or ""):gmatch("[^\n]+") do
+      for line in (read("/etc/group") or ""):gmatch("[^\n]+") do
         local n, g = line:match("^([^:]*):[^:]*:(%d+):")
         if n == group then gid = tonumber(g) break end
       end
@@ -254,6 +258,13 @@ function Sandbox:user_ids(user)
     end
   end
   return uid, gid or uid, home
+end
+
+-- uid, gid, home for user, read from the sandbox's own /etc/passwd and /etc/group.
+function Sandbox:user_ids(user)
+  if user == nil then return nil end
+  if math.type(user) == "integer" then return user, user end
+  return M.lookup_user(user, function(path) return self:read(path) end)
 end
 
 local function env_list(env)
