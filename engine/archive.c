@@ -527,11 +527,12 @@ static job_op *job_new(lua_State *L, int kind, const char *src, const char *dest
   return op;
 }
 
-/* Reads {uid=, gid=} (gid defaults to uid) into the job. */
-static void job_owner(lua_State *L, int t, job *j) {
-  j->uid = opt_int(L, t, "uid", -1);
-  j->gid = opt_int(L, t, "gid", -1);
-  if (j->uid >= 0 && j->gid < 0) j->gid = j->uid;
+/* Reads {uid=, gid=} (gid defaults to uid); raises on bad types, so call
+ * it before the job is allocated. */
+static void job_owner(lua_State *L, int t, int64_t *uid, int64_t *gid) {
+  *uid = opt_int(L, t, "uid", -1);
+  *gid = opt_int(L, t, "gid", -1);
+  if (*uid >= 0 && *gid < 0) *gid = *uid;
 }
 
 /* archive.extract(tarfile, dest_dir, {whiteouts=, uid=, gid=}) -> entries
@@ -539,11 +540,16 @@ static void job_owner(lua_State *L, int t, job *j) {
  * "not an archive" when the file is no tar (plain or compressed). */
 static int l_extract(lua_State *L) {
   job_op *op;
+  int64_t uid, gid;
+  int whiteouts;
   luaL_checkstring(L, 1);
   luaL_checkstring(L, 2);
+  whiteouts = opt_bool(L, 3, "whiteouts");
+  job_owner(L, 3, &uid, &gid);
   op = job_new(L, JOB_EXTRACT, lua_tostring(L, 1), lua_tostring(L, 2));
-  op->j.whiteouts = opt_bool(L, 3, "whiteouts");
-  job_owner(L, 3, &op->j);
+  op->j.whiteouts = whiteouts;
+  op->j.uid = uid;
+  op->j.gid = gid;
   return job_start(L, op);
 }
 
@@ -552,10 +558,13 @@ static int l_extract(lua_State *L) {
  * land at dest itself). Owners become uid/gid when given. */
 static int l_copy(lua_State *L) {
   job_op *op;
+  int64_t uid, gid;
   luaL_checkstring(L, 1);
   luaL_checkstring(L, 2);
+  job_owner(L, 3, &uid, &gid);
   op = job_new(L, JOB_COPY, lua_tostring(L, 1), lua_tostring(L, 2));
-  job_owner(L, 3, &op->j);
+  op->j.uid = uid;
+  op->j.gid = gid;
   return job_start(L, op);
 }
 

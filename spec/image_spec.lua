@@ -125,6 +125,13 @@ describe("engine.archive", function()
     assert.is_string(err)
   end)
 
+  -- regression: the job was allocated before the options were checked, so
+  -- a bad option leaked it (LeakSanitizer fails the ASan run at exit)
+  it("raises on bad owner options without leaking the job", function()
+    assert.has_error(function() archive.extract(tmp .. "/x.tar", tmp, { uid = "root" }) end)
+    assert.has_error(function() archive.copy(tmp .. "/a", tmp .. "/b", { gid = {} }) end)
+  end)
+
   it("says when a file is not an archive", function()
     write(tmp .. "/plain", "just text\n")
     assert.same({ nil, "not an archive" }, { archive.extract(tmp .. "/plain", tmp) })
