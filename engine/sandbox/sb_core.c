@@ -233,6 +233,11 @@ static cmd *start_cmd(sbox *sb, lua_State *L, const sb_msg *m, int *fds) {
   return c;
 }
 
+static int is_regular(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 /* Converts a reply into the pending operation's results, pushed on L. */
 static int deliver(lua_State *L, pending *op, const sb_msg *m, char *payload,
                    int *fds, int nfds) {
@@ -252,7 +257,10 @@ static int deliver(lua_State *L, pending *op, const sb_msg *m, char *payload,
     }
     return 1;
   case K_OPEN:
-    if (nfds != 1) { close_fds(fds, nfds); return eng_fail(L, "bad reply"); }
+    if (nfds != 1 || !is_regular(fds[0])) {  /* a pipe would block the engine */
+      close_fds(fds, nfds);
+      return eng_fail(L, "bad reply");
+    }
     eng_sb_push_file(L, fds[0]);
     lua_pushinteger(L, m->c);
     return 2;
