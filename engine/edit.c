@@ -94,7 +94,7 @@ static char **complete(const char *text, int start, int end) {
     lua_pop(main_L, 1);
     return NULL;
   }
-  n = (int)luaL_len(main_L, -1);
+  n = (int)lua_rawlen(main_L, -1);   /* luaL_len could raise (__len) here */
   if (n == 0) { lua_pop(main_L, 1); return NULL; }
   matches = calloc((size_t)n + 2, sizeof *matches);
   if (!matches) { lua_pop(main_L, 1); return NULL; }
