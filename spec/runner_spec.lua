@@ -614,6 +614,13 @@ describe("engine.report", function()
     assert.equal("3.0T", report.human_bytes(3 << 40))
   end)
 
+  it("encodes a summary with no phase timings with phases as [] (json arrays)", function()
+    local trace = require "engine.trace"
+    local s = report.summarize({ { task = "a", reward = 0.5 } }, {})
+    assert.matches('"phases":%[%]', trace.encode(trace.plain(s)))
+    assert.matches('"phases":%[%]', require("engine.json").encode(report.summarize({}, {})))
+  end)
+
   it("summarizes rewards, errors and phases", function()
     local recs = {}
     for i = 1, 8 do

@@ -5,6 +5,8 @@
 --   report.pass_at_k(n, c, k) -> unbiased estimate
 --   report.progress{total=, quiet=, tty=, out=} -> p; p:start(), p:episode(rec),
 --     p:running(n), p:finish()
+local json = require "engine.json"
+
 local M = {}
 
 M.ERROR_KINDS = { "env_error", "infra_error", "agent_error", "timeout", "score_error" }
@@ -49,7 +51,7 @@ local function pass_table(records, max_k)
     tasks[k].n = tasks[k].n + 1
     if r.reward == 1 then tasks[k].c = tasks[k].c + 1 end
   end
-  local out, k = {}, 1
+  local out, k = json.array(), 1
   while k <= max_k do
     local s, m = 0, 0
     for _, key in ipairs(order) do
@@ -70,7 +72,7 @@ local function is_binary(records)
 end
 
 local function phase_stats(records)
-  local out = {}
+  local out = json.array()
   for _, phase in ipairs({ "provision", "setup", "agent", "score", "cleanup" }) do
     local xs = {}
     for _, r in ipairs(records) do
