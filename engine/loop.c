@@ -86,13 +86,16 @@ typedef struct deadline {
   eng_task *task;
   int error_ref;      /* what the interrupted operation raises */
   int task_ref;       /* keeps the task alive while armed */
+  int self_ref;       /* keeps the handle alive while armed (it may be dropped) */
 } deadline;
 
+/* Stops the timer and lets go of everything; idempotent, never raises. */
 static void deadline_disarm(lua_State *L, deadline *d) {
   ev_timer_stop(loop, &d->timer);
   luaL_unref(L, LUA_REGISTRYINDEX, d->error_ref);
   luaL_unref(L, LUA_REGISTRYINDEX, d->task_ref);
-  d->error_ref = d->task_ref = LUA_NOREF;
+  luaL_unref(L, LUA_REGISTRYINDEX, d->self_ref);
+  d->error_ref = d->task_ref = d->self_ref = LUA_NOREF;
   d->task = NULL;
 }
 
@@ -115,12 +118,14 @@ static int l_deadline(lua_State *L) {
   if (!t) return luaL_error(L, "engine.deadline: not inside a task");
   d = lua_newuserdatauv(L, sizeof *d, 0);
   d->task = t;
-  d->error_ref = d->task_ref = LUA_NOREF;
+  d->error_ref = d->task_ref = d->self_ref = LUA_NOREF;
   luaL_setmetatable(L, DEADLINE_MT);
   lua_pushvalue(L, 2);
   d->error_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   eng_task_push(L, t);
   d->task_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, -1);
+  d->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   ev_timer_init(&d->timer, deadline_cb, s > 0 ? s : 0, 0);
   ev_now_update(loop);
   ev_timer_start(loop, &d->timer);

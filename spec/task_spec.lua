@@ -216,6 +216,31 @@ describe("engine tasks", function()
       end)
       assert.same({ true, false, "too slow" }, { t:join() })
     end)
+
+    -- regression: an armed deadline was anchored by nothing, so once its
+    -- handle was dropped the GC disarmed it and it never fired
+    it("fires even when its handle is dropped", function()
+      local t = engine.spawn(function()
+        engine.deadline(0.05, "dropped")
+        collectgarbage()
+        collectgarbage()
+        return pcall(engine.sleep, 5)
+      end)
+      assert.same({ true, false, "dropped" }, { t:join() })
+    end)
+
+    it("lets a cancelled handle be collected", function()
+      local weak = setmetatable({}, { __mode = "v" })
+      local t = engine.spawn(function()
+        local d = engine.deadline(10, "never")
+        weak[1] = d
+        d:cancel()
+      end)
+      t:join()
+      collectgarbage()
+      collectgarbage()
+      assert.is_nil(weak[1])
+    end)
   end)
   describe("many values", function()
     -- regression: values were moved between thread stacks without growing
