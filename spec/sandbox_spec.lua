@@ -182,6 +182,14 @@ describe("engine.sandbox", function()
       assert.is_string(err)
     end)
 
+    it("refuses labels it cannot record before any box starts", function()
+      local live = require("engine.sandbox.core").live()
+      assert.has_error(function() sandbox.new { labels = { f = function() end } } end,
+        "sandbox spec: labels must map strings to strings, numbers or booleans")
+      assert.has_error(function() sandbox.new { labels = "x" } end)
+      assert.equal(live, require("engine.sandbox.core").live())
+    end)
+
     it("parses sizes", function()
       assert.equal(512 << 20, sandbox.parse_size("512M"))
       assert.equal(1 << 30, sandbox.parse_size("1g"))

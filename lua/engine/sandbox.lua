@@ -72,6 +72,18 @@ local function copy_plain(v)
   return t
 end
 
+-- Labels are recorded in the state file and read by `engine ps`: plain
+-- string keys with string, number or boolean values.
+local function check_labels(labels)
+  if labels == nil then return end
+  local ok = type(labels) == "table"
+  for k, v in pairs(ok and labels or {}) do
+    local t = type(v)
+    if type(k) ~= "string" or (t ~= "string" and t ~= "number" and t ~= "boolean") then ok = false end
+  end
+  if not ok then error("sandbox spec: labels must map strings to strings, numbers or booleans", 4) end
+end
+
 local function check_path_list(list, field)
   for _, p in ipairs(list or {}) do
     if type(p) ~= "string" or p:sub(1, 1) ~= "/" or p:find("[:,%z]") or
@@ -121,6 +133,7 @@ local function resolve(spec)
   if spec.provider ~= nil and spec.provider ~= "local" then
     error("sandbox.new: unknown provider '" .. tostring(spec.provider) .. "' (this module is the local one)", 3)
   end
+  check_labels(spec.labels)
   local layers, config = resolve_image(spec)
   if not layers then return nil, config end
   check_path_list(layers[#layers] == "host" and { table.unpack(layers, 1, #layers - 1) } or layers, "image layers")
@@ -189,11 +202,15 @@ function M.new(spec)
   if not box then return nil, err end
   local info = box:info()
   local created = engine.now()
-  write_state(state_file, {
+  local wok, werr = pcall(write_state, state_file, {
     id = id, labels = r.labels, owner_pid = pid, pid = info.pid,
     created_at = created, ttl = r.ttl, image = type(r.image) == "string" and r.image or "(built)",
     cgroups = json.array(info.cgroups), upper_dir = r.upper_dir,
   })
+  if not wok then   -- the box is running already: it must not outlive this failure
+    box:stop()
+    return nil, "sandbox state file: " .. tostring(werr):match("^[^\n]*")
+  end
   local ok, ready, rerr = pcall(box.wait_ready, box, START_TIMEOUT)
   if not ok or not ready then
     box:stop()
