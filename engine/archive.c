@@ -470,9 +470,14 @@ static void job_cleanup(void *data) {
   free(op);
 }
 
-/* In the child: do the work, report "o<result>" or "e<error>", exit. */
+/* In the child: do the work, report "o<result>" or "e<error>", exit.
+ * A fork keeps every descriptor (close-on-exec does not apply), so all but
+ * stdio and the report pipe are closed first: a copy of some child's stdin
+ * pipe or a sandbox socket must not outlive the engine's own close. */
 static void job_child(job_op *op, int fd) {
   size_t n;
+  if (fd > 3) close_range(3, (unsigned)fd - 1, 0);
+  close_range((unsigned)fd + 1, ~0U, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGCHLD, SIG_DFL);
   job_run(&op->j);

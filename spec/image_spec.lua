@@ -132,6 +132,22 @@ describe("engine.archive", function()
     assert.has_error(function() archive.copy(tmp .. "/a", tmp .. "/b", { gid = {} }) end)
   end)
 
+  -- regression: the forked worker kept every descriptor of the engine, so a
+  -- child's stdin pipe stayed open (no EOF) for as long as a job ran
+  it("runs jobs in a worker that holds none of the engine's pipes", function()
+    local proc = require "engine.proc"
+    sh("mkfifo " .. tmp .. "/slow.tar && mkdir -p " .. tmp .. "/out")
+    local cat = assert(proc.spawn({ "cat" }))
+    local job = engine.spawn(archive.extract, tmp .. "/slow.tar", tmp .. "/out")
+    engine.sleep(0.1)                  -- the worker is forked, blocked on the fifo
+    cat:close_stdin()
+    local r = cat:wait(5)
+    job:cancel()                       -- kills the worker
+    assert.is_false(job:join())
+    assert.is_false(r.timed_out)
+    assert.equal(0, r.code)
+  end)
+
   it("says when a file is not an archive", function()
     write(tmp .. "/plain", "just text\n")
     assert.same({ nil, "not an archive" }, { archive.extract(tmp .. "/plain", tmp) })
