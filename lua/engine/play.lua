@@ -157,17 +157,19 @@ function Play:_score(quiet)
   if self._finished then error("play: session finished", 2) end
   local ctx = self.ctx
   local r = in_task(runner.run_phase, ctx.timeouts.score, self.env.score, ctx)
-  if not r.ok then
-    local msg = r.timeout and "score timed out" or R.first_line(r.err)
+  local v, rewards, msg
+  if r.ok then
+    v, rewards = R.parse_reward(r.values[1], r.values[2])
+    if v == nil then msg = rewards end
+  else
+    msg = r.timeout and "score timed out" or R.first_line(r.err)
+  end
+  if msg then
     ctx.trace:event("error", { kind = "score_error", phase = "score", message = msg })
     if not quiet then self._out("score failed: " .. msg) end
     return nil, msg
   end
-  local v, detail = r.values[1], r.values[2]
-  local rewards = type(v) == "table" and v.rewards or (type(detail) == "table" and detail.rewards) or nil
-  if type(v) == "table" then v = v.reward end
-  if type(v) == "boolean" then v = v and 1 or 0 end
-  ctx.trace:event("score", { reward = v, rewards = rewards, detail = detail })
+  ctx.trace:event("score", { reward = v, rewards = rewards, detail = r.values[2] })
   self.last_reward, self.last_rewards = v, rewards
   if not quiet then
     local parts = {}

@@ -861,6 +861,7 @@ end
 M.internal = {
   tasks_error = tasks_error, task_iterator = task_iterator, provision = provision, release = release,
   new_ctx = new_ctx, new_run_id = new_run_id, first_line = first_line, file_hash = file_hash,
+  parse_reward = parse_reward,
 }
 
 return M
