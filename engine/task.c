@@ -308,7 +308,7 @@ static int push_outcome(lua_State *L, eng_task *t) {
   lua_getfield(L, -1, "n");
   n = (int)lua_tointeger(L, -1);
   lua_pop(L, 1);
-  luaL_checkstack(L, n, "too many results");
+  luaL_checkstack(L, n + 3, "too many results");  /* + the error lookups */
   for (int i = 1; i <= n; i++) lua_rawgeti(L, -i, i);
   lua_remove(L, -n - 1);
   if (t->status == T_FAILED && lua_type(L, -1) == LUA_TSTRING &&
