@@ -138,9 +138,15 @@ local function judge(ctx, i, expect)
   return verdict
 end
 
--- K judges at once; returns their mean verdict.
+-- K judges at once; returns their mean verdict. Leaving early (the score
+-- phase cancelled at its timeout) cancels the judges and waits for them, so
+-- none keeps the box borrowed or runs on into the next episode.
 local function judges(ctx, k, expect)
   local tasks, sum = {}, 0
+  local _ <close> = setmetatable({}, { __close = function()
+    for _, t in ipairs(tasks) do t:cancel() end
+    for _, t in ipairs(tasks) do pcall(t.join, t) end
+  end })
   for i = 1, k do tasks[i] = engine.spawn(judge, ctx, i, expect) end
   local errs = {}
   for i = 1, k do

@@ -252,4 +252,30 @@ describe("envs/seat", function()
     assert.are_not.equal(0, code)
     assert.matches("bad.jsonl:2: task field 'seat' must be a string", stderr)
   end)
+  it("cancels its judges when scoring is cancelled (no judge keeps the box borrowed)", function()
+    local seat = dofile(ENV_PATH)
+    local held, execs = 0, 0
+    local box = { id = "fake",
+      borrow = function()
+        held = held + 1
+        return setmetatable({}, { __close = function() held = held - 1 end })
+      end,
+      exec = function() engine.sleep(0.3); execs = execs + 1; return { code = 0, stdout = "turn 1\n" } end,
+      read = function(_, path)
+        if path:match("notes") then return "turn 1\n" end
+        return "1\n"
+      end }
+    local ctx = { task = { id = "x", seat = "s", key = "k", turn = 1, judges = 3 }, sandbox = box,
+      trace = { event = function() end } }
+    local scorer = engine.spawn(seat.score, ctx)
+    engine.sleep(0.1)
+    assert.equal(3, held)                   -- every judge holds its borrow
+    scorer:cancel()
+    local ok, err = scorer:join()
+    assert.is_false(ok)
+    assert.is_true(engine.is_cancel(err))
+    assert.equal(0, held)
+    engine.sleep(0.4)
+    assert.equal(0, execs)                  -- no judge went on after the cancel
+  end)
 end)
