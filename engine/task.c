@@ -149,18 +149,35 @@ static int resume_k(lua_State *L, int status, lua_KContext ctx) {
   return t->resumed_with;
 }
 
+#define NOT_YIELDABLE "cannot block here: a C call (a metamethod called " \
+  "from C, a sort comparator, a gsub callback...) is on the stack"
+
+/* Drops the pending operation before raising instead of suspending: runs
+ * its cleanup and undoes a wake-up that already happened (sleep(0)). */
+static void abandon(lua_State *L, eng_task *t, eng_cleanup_fn cleanup, void *data) {
+  if (cleanup) cleanup(data);
+  if (t->status == T_READY) {
+    ready_remove(t);
+    t->status = T_RUNNING;
+    lua_pop(L, t->nargs);
+  }
+}
+
+/* Suspends the running task until its operation wakes it (or cleanup runs
+ * on cancel/interrupt). Where the thread cannot yield, the operation is
+ * abandoned and this raises, so no watcher stays armed for a task that
+ * keeps running (and may finish). */
 int eng_task_yield(lua_State *L, eng_cleanup_fn cleanup, void *data) {
   eng_task *t = eng_task_current(L);
   if (t->cancel_pending) {
     t->cancel_pending = 0;
-    if (cleanup) cleanup(data);
-    if (t->status == T_READY) {
-      ready_remove(t);
-      t->status = T_RUNNING;
-      lua_pop(L, t->nargs);
-    }
+    abandon(L, t, cleanup, data);
     push_cancel_error(L);
     return lua_error(L);
+  }
+  if (!lua_isyieldable(L)) {
+    abandon(L, t, cleanup, data);
+    return luaL_error(L, NOT_YIELDABLE);
   }
   if (t->status == T_RUNNING) {  /* not already woken synchronously */
     t->status = T_WAITING;

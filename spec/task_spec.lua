@@ -242,6 +242,31 @@ describe("engine tasks", function()
       assert.is_nil(weak[1])
     end)
   end)
+  -- regression: a primitive called where the thread cannot yield (here a
+  -- __tostring called from C) armed its watcher and then failed to yield;
+  -- the watcher later woke the finished task (SEGV in lua_resume)
+  it("raises, leaving nothing armed, where a task cannot block", function()
+    local obj = setmetatable({}, { __tostring = function()
+      engine.sleep(0.05)
+      return "x"
+    end })
+    local t = engine.spawn(function()
+      local ok, err = pcall(tostring, obj)
+      local ok0 = pcall(table.sort, { 2, 1 }, function(a, b) engine.sleep(0) return a < b end)
+      local t0 = engine.monotonic()
+      engine.sleep(0.1)              -- a real wait still works, untouched
+      return ok, err, ok0, engine.monotonic() - t0 >= 0.09
+    end)
+    local ok, yok, err, ok0, waited = t:join()
+    assert.is_true(ok)
+    assert.is_false(yok)
+    assert.matches("cannot block here", err)
+    assert.is_false(ok0)
+    assert.is_true(waited)
+    engine.sleep(0.1)                -- the abandoned timer must not fire
+    assert.equal("done", t:status())
+  end)
+
   describe("many values", function()
     -- regression: values were moved between thread stacks without growing
     -- them (heap overflow under ASan, a crash in release)
