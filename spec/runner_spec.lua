@@ -380,6 +380,26 @@ describe("engine.runner", function()
     assert.equal(s.sandboxes.reused, borrowed)
   end)
 
+  it("keeps a scored episode and stops its box when Ctrl-C lands during cleanup", function()
+    local interrupted = false
+    local env = basic_env({ tasks = function() return n_tasks(1) end,
+      cleanup = function(ctx)
+        if not interrupted then
+          interrupted = true
+          proc.run("kill -INT $PPID")            -- the engine itself
+        end
+        ctx.sandbox:exec("sleep 2")
+      end })
+    local code = run(env, { "--out", out, "-q", "--json" })
+    assert.equal(130, code)
+    assert.equal(0, P.live)                      -- the box was released all the same
+    local meta, records = trace.read(only_run(out))
+    assert.equal("interrupted", meta.status)
+    assert.equal(1, #records)                    -- the finished work was recorded
+    assert.equal(1, records[1].reward)
+    assert.equal("cleanup cancelled", records[1].cleanup_error)
+  end)
+
   it("stops on Ctrl-C, cleans up, exits 130, and --resume finishes without duplicates", function()
     local env = basic_env({ tasks = function() return n_tasks(6) end,
       run = function(ctx)

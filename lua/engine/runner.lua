@@ -421,24 +421,30 @@ local function score_phase(st, out)
   ctx.trace:event("score", { reward = reward, rewards = rewards, detail = r.values[2] })
 end
 
--- The cleanup phase: the env's cleanup hook, then the sandbox goes.
+-- The cleanup phase: the env's cleanup hook, then the sandbox goes. The box
+-- is released even when this task is cancelled during the hook (Ctrl-C):
+-- the cancellation is re-raised after.
 local function cleanup(st, out, box, err)
   local ctx = out.ctx
   local t0 = engine.monotonic()
+  local ok, r = true, nil
   if st.env.cleanup then
     ctx.trace:event("phase", { phase = "cleanup", attempt = out.attempt })
-    local r = M.run_phase(ctx.timeouts.cleanup, st.env.cleanup, ctx)
-    if not r.ok then
+    ok, r = pcall(M.run_phase, ctx.timeouts.cleanup, st.env.cleanup, ctx)
+    if not ok then
+      out.cleanup_error = engine.is_cancel(r) and "cleanup cancelled" or first_line(r)
+    elseif not r.ok then
       out.cleanup_error = r.timeout and "cleanup timed out" or first_line(r.err)
       ctx.trace:event("cleanup_error", { message = out.cleanup_error, traceback = r.traceback })
     end
   end
   -- A box whose episode failed in any way is not reused: its state is unknown.
-  local broken = err ~= nil or out.error ~= nil
+  local broken = err ~= nil or out.error ~= nil or not ok
   local why = broken and ("episode " .. tostring(ctx.run.episode_id) .. " ended with " ..
     (out.error and out.error.kind or "an error")) or nil
   release(st, box, broken, why)
   out.phases.cleanup = (out.phases.cleanup or 0) + engine.monotonic() - t0
+  if not ok then error(r, 0) end
 end
 
 -- One attempt of an episode. Returns out, retryable.
@@ -455,6 +461,7 @@ local function attempt(st, out)
   st.live = st.live + 1
   local guard <close> = setmetatable({}, { __close = function(_, e)
     st.live = st.live - 1
+    out.finished = e == nil          -- the attempt's result stands, whatever cleanup does
     cleanup(st, out, box, e)
   end })
   ctx.sandbox, ctx.borrowed = M.traced_sandbox(box.sb, ctx.trace), box.runtime.borrowed
@@ -493,12 +500,14 @@ local function new_ctx(st, item, ep, n)
   return ctx
 end
 
--- Runs an episode through its attempts and returns its record fields.
-local function episode_attempts(st, item, ep)
+-- Runs an episode through its attempts and returns its record fields
+-- (also kept in holder.out, for a cancellation that comes during cleanup).
+local function episode_attempts(st, item, ep, holder)
   local out
   local retries = st.config.retries
   for n = 1, retries + 1 do
     out = { phases = {}, attempt = n }
+    holder.out = out
     out.ctx = new_ctx(st, item, ep, n)
     local _, retryable = attempt(st, out)
     if not retryable or n > retries or st.stopping then break end
@@ -516,7 +525,8 @@ local function status_of(out)
 end
 
 -- Runs one episode and appends its record; cancellation abandons it (no
--- record: --resume runs it again).
+-- record: --resume runs it again), unless it came during the cleanup of a
+-- finished attempt: that record is written, then the cancellation goes on.
 local function run_episode(st, item)
   local ep = st.run:episode({ key = item.key, id = item.id, task = item.task.id, task_hash = item.hash,
     rollout = item.rollout, agent = st.config.agent })
@@ -524,15 +534,20 @@ local function run_episode(st, item)
   local started, t0 = engine.now(), engine.monotonic()
   st.in_flight = st.in_flight + 1
   st.progress:running(st.in_flight)
-  local ok, out = pcall(episode_attempts, st, item, ep)
+  local holder = {}
+  local ok, out = pcall(episode_attempts, st, item, ep, holder)
   st.in_flight = st.in_flight - 1
   st.progress:running(st.in_flight)
+  local cancelled
   if not ok then
-    if engine.is_cancel(out) or st.interrupted then
+    if holder.out and holder.out.finished and engine.is_cancel(out) then
+      cancelled, out = out, holder.out
+    elseif engine.is_cancel(out) or st.interrupted then
       ep:abandon("cancelled")
       error(out, 0)
+    else
+      out = { phases = {}, attempt = 1, error = { kind = "env_error", message = first_line(out) } }
     end
-    out = { phases = {}, attempt = 1, error = { kind = "env_error", message = first_line(out) } }
   end
   local rec = ep:finish({ reward = out.reward, rewards = out.rewards, status = status_of(out),
     error = out.error, attempt = out.attempt, phases = out.phases, runtime = out.runtime,
@@ -540,6 +555,7 @@ local function run_episode(st, item)
     started_at = started, ended_at = engine.now(), duration = engine.monotonic() - t0 })
   st.new_records = st.new_records + 1
   st.progress:episode(rec)
+  if cancelled then error(cancelled, 0) end
 end
 
 local function worker(st, index)
