@@ -520,9 +520,11 @@ static int job_start(lua_State *L, job_op *op) {
 
 /* A zeroed job of kind with src (trailing slashes dropped) and dest. */
 static job_op *job_new(lua_State *L, int kind, const char *src, const char *dest) {
-  job_op *op = calloc(1, sizeof *op);
+  job_op *op;
   size_t n;
-  if (!op) luaL_error(L, "out of memory");
+  if (strlen(src) >= PATH_MAX || (dest && strlen(dest) >= PATH_MAX))
+    luaL_error(L, "path too long");    /* never work on a truncated path */
+  if (!(op = calloc(1, sizeof *op))) luaL_error(L, "out of memory");
   op->j.kind = kind;
   op->j.uid = op->j.gid = -1;
   snprintf(op->j.src, sizeof op->j.src, "%s", src);

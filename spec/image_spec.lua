@@ -130,6 +130,9 @@ describe("engine.archive", function()
   it("raises on bad owner options without leaking the job", function()
     assert.has_error(function() archive.extract(tmp .. "/x.tar", tmp, { uid = "root" }) end)
     assert.has_error(function() archive.copy(tmp .. "/a", tmp .. "/b", { gid = {} }) end)
+    -- and never works on a silently truncated path
+    local long = tmp .. "/" .. string.rep("d/", 2100)
+    assert.has_error(function() archive.copy(tmp .. "/a", long) end, "path too long")
   end)
 
   -- regression: the forked worker kept every descriptor of the engine, so a
