@@ -22,6 +22,14 @@
 
 char eng_root[PATH_MAX];
 
+#if defined(__SANITIZE_ADDRESS__)
+/* The sandbox supervisor is a clone of this process living under the box's
+ * memory limit: there a failed malloc must return NULL (and be handled), as
+ * in a normal build, not abort the supervisor. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
 int eng_fail(lua_State *L, const char *msg) {
   lua_pushnil(L);
   lua_pushstring(L, msg);
