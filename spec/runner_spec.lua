@@ -380,6 +380,24 @@ describe("engine.runner", function()
     assert.equal(s.sandboxes.reused, borrowed)
   end)
 
+  it("stops a box whose provisioning finished just as its timeout passed", function()
+    local function busy(s) local t0 = engine.monotonic() while engine.monotonic() - t0 < s do end end
+    runner.providers.late = { new = function(spec)
+      local sb = P.new(spec)
+      busy(0.3)                                  -- the provision deadline passes meanwhile
+      return sb
+    end }
+    local env = basic_env({ tasks = function() return n_tasks(1) end,
+      sandbox = { provider = "late", image = "host" } })
+    local code = run(env, { "--out", out, "-q", "--retries", "0", "--timeout-provision", "0.1" })
+    runner.providers.late = nil
+    assert.equal(0, code)
+    local _, records = trace.read(only_run(out))
+    assert.equal("infra_error", records[1].error.kind)
+    assert.equal(1, P.created)
+    assert.equal(0, P.live)                      -- not left running
+  end)
+
   it("keeps a scored episode and stops its box when Ctrl-C lands during cleanup", function()
     local interrupted = false
     local env = basic_env({ tasks = function() return n_tasks(1) end,

@@ -69,6 +69,7 @@ Play.__index = Play
 function Play:_bring_up()
   local ctx = self.ctx
   local r = runner.run_phase(ctx.timeouts.provision, R.provision, self._st, ctx)
+  if r.late_values then R.release(self._st, r.late_values[1], true, "provision timed out") end
   if not r.ok then fail("provision: " .. (r.timeout and "timed out" or R.first_line(r.err))) end
   self._box = r.values[1]
   ctx.sandbox = runner.traced_sandbox(self._box.sb, ctx.trace)

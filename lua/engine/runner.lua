@@ -335,6 +335,8 @@ end
 
 -- Runs fn(...) in a child task under a timeout. Returns
 -- {ok = true, values = pack} or {ok = false, err =, traceback =, timeout =}.
+-- A phase that finished anyway as its deadline passed still times out, with
+-- its values as late_values (a provisioned box must not be dropped).
 -- Re-raises cancellation of the calling task after cancelling the child.
 function M.run_phase(seconds, fn, ...)
   local args, tb = table.pack(...), {}
@@ -353,8 +355,9 @@ function M.run_phase(seconds, fn, ...)
   local ok, res = sync.with_timeout(seconds, child.join, child)
   if ok == nil and res == "timeout" then
     child:cancel()
-    pcall(sync.with_timeout, M.GRACE, child.join, child)
-    return { ok = false, timeout = true, err = "timeout" }
+    local _, jok, jres = pcall(sync.with_timeout, M.GRACE, child.join, child)
+    local late = jok and type(jres) == "table" and jres[1] and table.pack(table.unpack(jres, 2, jres.n)) or nil
+    return { ok = false, timeout = true, err = "timeout", late_values = late }
   end
   if not ok then
     if engine.is_cancel(res) then error(res, 0) end
@@ -451,6 +454,7 @@ end
 local function attempt(st, out)
   local ctx = out.ctx
   local r = phase(out, "provision", provision, st, ctx)
+  if r.late_values then release(st, r.late_values[1], true, "provision timed out") end
   if not r.ok then
     local kind = r.timeout and "infra_error" or kind_of(r.err, "infra_error")
     fail(out, kind, "provision", r)
