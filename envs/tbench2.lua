@@ -474,16 +474,9 @@ end
 -- Keeps the verifier's files in the episode's trace directory.
 local function save_files(ctx, files)
   local tr = ctx.trace
-  if not tr then return end
+  if not (tr and tr.save) then return end
   for _, name in ipairs(M.TRACE_FILES) do
-    local data = files[name]
-    if data and tr.save then
-      pcall(tr.save, tr, name, data)
-    elseif data and type(tr.dir) == "string" then
-      lfs.mkdir(tr.dir)
-      local f = io.open(tr.dir .. "/" .. name, "wb")
-      if f then f:write(data) f:close() end
-    end
+    if files[name] then pcall(tr.save, tr, name, files[name]) end
   end
 end
 
