@@ -633,6 +633,7 @@ describe("engine.play", function()
     local rec = p:finish()
     assert.equal("score_error", rec.error.kind)
     assert.equal(0, P.live)
+    assert.matches('"argv":[]', trace.read_file(p.run_dir .. "/run.json"), 1, true)   -- an array
   end)
 
   it("fails in one line for an unknown task, and leaves nothing running", function()

@@ -15,6 +15,7 @@
 local engine = require "engine"
 local envlib = require "engine.env"
 local trace = require "engine.trace"
+local json = require "engine.json"
 local runner = require "engine.runner"
 local agents = require "engine.agents"
 
@@ -114,7 +115,7 @@ function M.start(env_path, opts)
   local dir = config.out .. "/" .. run_id
   local hash = runner.hash_value(task)
   local run, terr = trace.open(dir, { id = run_id, command = { "engine", "repl", path, "--task", task.id },
-    argv = {}, env = { name = env_table.name, file = path, hash = R.file_hash(path) }, agent = "human",
+    argv = json.array(), env = { name = env_table.name, file = path, hash = R.file_hash(path) }, agent = "human",
     started_at = engine.now(), status = "running", config = { rollouts = 1 } })
   if not run then fail(terr) end
   self._run, self.run_dir, self._started = run, dir, engine.now()

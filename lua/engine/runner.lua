@@ -15,6 +15,7 @@ local engine = require "engine"
 local sync = require "engine.sync"
 local envlib = require "engine.env"
 local trace = require "engine.trace"
+local json = require "engine.json"
 local report = require "engine.report"
 local agents = require "engine.agents"
 
@@ -743,7 +744,7 @@ local function open_run(st, env_path, args)
   local dir = c.resume or (c.out .. "/" .. new_run_id(st.env.name))
   st.dir = dir:gsub("/+$", "")
   st.run_id = prior and prior.id or st.dir:match("([^/]+)$")
-  local argv = {}
+  local argv = json.array()             -- [] in run.json even when empty
   for _, a in ipairs(prior and prior.argv or {}) do argv[#argv + 1] = a end
   -- flags a resume inherits: not --resume itself, nor how output is shown
   local skip, PRESENTATION = false, { ["-q"] = true, ["--quiet"] = true, ["--json"] = true }
