@@ -302,7 +302,7 @@ function Episode:node(msg)
   return id
 end
 
--- ep:save(name, data) -> path: a file next to the trace.
+-- ep:save(name, data) -> path | nil, err: a file next to the trace.
 function Episode:save(name, data)
   if type(name) ~= "string" or name:find("%.%.") or name:sub(1, 1) == "/" then
     error("trace: save needs a relative file name", 2)
@@ -312,8 +312,9 @@ function Episode:save(name, data)
   if parent then M.mkdirs(parent) end
   local f, err = io.open(path, "wb")
   if not f then return nil, err end
-  f:write(type(data) == "string" and data or M.encode(data))
-  f:close()
+  local ok, werr = f:write(type(data) == "string" and data or M.encode(data))
+  local cok, cerr = f:close()
+  if not (ok and cok) then return nil, werr or cerr end
   return path
 end
 
