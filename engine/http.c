@@ -424,7 +424,9 @@ static int l_open(lua_State *L) {
   u->x = x;
   ev_timer_init(&x->wait_timer, wait_timer_cb, 0, 0);
   if (!(x->easy = curl_easy_init())) return luaL_error(L, "http: out of memory");
-  x->max_body = (size_t)opt_number(L, 1, "max_body", DEFAULT_MAX_BODY);
+  double max_body = opt_number(L, 1, "max_body", DEFAULT_MAX_BODY);
+  luaL_argcheck(L, max_body >= 0 && max_body < 9e15, 1, "max_body out of range");
+  x->max_body = (size_t)max_body;      /* a negative double cast is undefined */
   curl_easy_setopt(x->easy, CURLOPT_URL, url);
   set_common(L, x);
   set_method_body(L, x);

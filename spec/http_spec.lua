@@ -253,6 +253,13 @@ describe("engine.http", function()
       assert.equal("late", body)
     end)
 
+    -- regression: a negative max_body was cast to size_t (undefined)
+    it("raises on a negative max_body", function()
+      assert.has_error(function() http.core.open{ url = "http://127.0.0.1:1/", max_body = -1 } end)
+      collectgarbage()
+      assert.equal(0, http.core.stats().transfers)
+    end)
+
     it("fails like a request when it cannot connect", function()
       local s, err = http.stream{ url = "http://127.0.0.1:1/" }
       assert.is_nil(s)
