@@ -408,7 +408,9 @@ local function upload_tree(sb, host, path, timeout)
   elseif t == "d" then
     local ok, err = sb._box:mkdir(path, true, mode, timeout)
     if not ok then return nil, path .. ": " .. err end
-    for _, name in ipairs(assert(core.host_list(host))) do
+    local names, lerr = core.host_list(host)
+    if not names then return nil, host .. ": " .. tostring(lerr) end
+    for _, name in ipairs(names) do
       local sub, serr = upload_tree(sb, host .. "/" .. name, (path == "/" and "" or path) .. "/" .. name, timeout)
       if not sub then return nil, serr end
     end
