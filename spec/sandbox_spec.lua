@@ -504,6 +504,21 @@ describe("engine.sandbox", function()
       assert.same({ "first", "second" }, order)
     end)
 
+    -- regression: entries past 32 layers/hide paths/mounts, and paths past
+    -- PATH_MAX, were dropped or cut silently (another root, secrets shown)
+    it("refuses a config it cannot hold instead of cutting it", function()
+      local hide = {}
+      for i = 1, 33 do hide[i] = "/nonexistent-" .. i end
+      local b, err = sandbox.new { hide = hide }
+      if b then b:stop() end
+      assert.is_nil(b)
+      assert.matches("too many", err)
+      b, err = sandbox.new { hide = { "/x" .. string.rep("y", 4200) } }
+      if b then b:stop() end
+      assert.is_nil(b)
+      assert.matches("path too long", err)
+    end)
+
     -- regression: each cgroup-removal retry left libev's count of active
     -- watchers one too low, so a later wait saw an "empty" loop and the run
     -- died with a bogus "deadlock"

@@ -487,10 +487,14 @@ static int child_main(void *arg) {
   eng_sb_serve(fd);
 }
 
+static const char *cfg_err;   /* what read_config found wrong, or NULL */
+
+/* Copies the string t[k] ("" if absent); one that does not fit sets cfg_err
+ * (a cut path would name another file). */
 static void get_str(lua_State *L, int t, const char *k, char *out, size_t len) {
   lua_getfield(L, t, k);
   const char *s = lua_tostring(L, -1);
-  snprintf(out, len, "%s", s ? s : "");
+  if (snprintf(out, len, "%s", s ? s : "") >= (int)len) cfg_err = "sandbox config: path too long";
   lua_pop(L, 1);
 }
 
@@ -501,16 +505,23 @@ static double get_num(lua_State *L, int t, const char *k) {
   return v;
 }
 
-/* Copies the array t[k] of strings into out (at most max); returns count. */
+/* Copies the array t[k] of strings into out (at most max); returns count.
+ * More than max entries, or a path too long, sets cfg_err: dropping image
+ * layers or hide paths silently would build another root. */
 static int get_list(lua_State *L, int t, const char *k, char (*out)[PATH_MAX], int max) {
   int n = 0;
   lua_getfield(L, t, k);
-  if (lua_istable(L, -1))
+  if (lua_istable(L, -1)) {
     for (; n < max; n++) {
       if (lua_rawgeti(L, -1, n + 1) != LUA_TSTRING) { lua_pop(L, 1); break; }
-      snprintf(out[n], PATH_MAX, "%s", lua_tostring(L, -1));
+      if (snprintf(out[n], PATH_MAX, "%s", lua_tostring(L, -1)) >= PATH_MAX)
+        cfg_err = "sandbox config: path too long";
       lua_pop(L, 1);
     }
+    if (n == max && lua_rawgeti(L, -1, max + 1) != LUA_TNIL)
+      cfg_err = "sandbox config: too many layers, hide paths or mounts";
+    if (n == max) lua_pop(L, 1);
+  }
   lua_pop(L, 1);
   return n;
 }
@@ -526,11 +537,16 @@ static void get_mounts(lua_State *L, int t) {
     cfg.mount_ro[cfg.nmounts++] = lua_toboolean(L, -1);
     lua_pop(L, 2);
   }
+  if (cfg.nmounts == SB_MAX_EXTRA && lua_rawgeti(L, -1, SB_MAX_EXTRA + 1) != LUA_TNIL)
+    cfg_err = "sandbox config: too many layers, hide paths or mounts";
+  if (cfg.nmounts == SB_MAX_EXTRA) lua_pop(L, 1);
   lua_pop(L, 1);
 }
 
-static void read_config(lua_State *L, int t) {
-  char net[16];
+/* Fills cfg from the table at t; returns NULL or what is wrong with it. */
+static const char *read_config(lua_State *L, int t) {
+  char net[PATH_MAX];
+  cfg_err = NULL;
   get_str(L, t, "id", cfg.id, sizeof cfg.id);
   get_str(L, t, "mnt", cfg.mnt, sizeof cfg.mnt);
   get_str(L, t, "upper_dir", cfg.upper_dir, sizeof cfg.upper_dir);
@@ -541,6 +557,7 @@ static void read_config(lua_State *L, int t) {
   cfg.nlayers = get_list(L, t, "layers", cfg.layers, SB_MAX_LAYERS);
   cfg.nhide = get_list(L, t, "hide", cfg.hide, SB_MAX_EXTRA);
   get_mounts(L, t);
+  return cfg_err;
 }
 
 static sbox *box_new(lua_State *L, int t, pid_t pid, int sock) {
@@ -585,7 +602,8 @@ static int l_create(lua_State *L) {
   char err[256];
   int pair[2];
   luaL_checktype(L, 1, LUA_TTABLE);
-  read_config(L, 1);
+  const char *bad = read_config(L, 1);
+  if (bad) return eng_fail(L, bad);
   if (!(cfg.bpf = eng_sb_seccomp_prog())) return eng_fail(L, "cannot build the seccomp filter");
   const char *mask = cfg.nhide ? NULL : eng_sb_mask_prepare();
   snprintf(cfg.mask, sizeof cfg.mask, "%s", mask ? mask : "");
