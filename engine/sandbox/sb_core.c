@@ -241,11 +241,12 @@ static int is_regular(int fd) {
 /* Converts a reply into the pending operation's results, pushed on L. */
 static int deliver(lua_State *L, pending *op, const sb_msg *m, char *payload,
                    int *fds, int nfds) {
-  if (m->a < 0 && op->kind != K_READY) { close_fds(fds, nfds); return eng_fail(L, eng_sb_errmsg(-m->a)); }
+  int err = m->a == INT32_MIN ? EIO : -m->a;   /* untrusted: -INT_MIN overflows */
+  if (m->a < 0 && op->kind != K_READY) { close_fds(fds, nfds); return eng_fail(L, eng_sb_errmsg(err)); }
   switch (op->kind) {
   case K_READY:
     close_fds(fds, nfds);
-    if (m->a < 0) return eng_fail(L, *payload ? payload : eng_sb_errmsg(-m->a));
+    if (m->a < 0) return eng_fail(L, *payload ? payload : eng_sb_errmsg(err));
     op->sb->state = ST_READY;
     lua_pushboolean(L, 1);
     return 1;
