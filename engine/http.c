@@ -322,12 +322,15 @@ static xfer *check_xfer(lua_State *L) {
   return u->x;
 }
 
+/* t[k] as a string, or NULL when nil; raises on other types. A string
+ * stays pushed as its own anchor (one that __index computed is referenced
+ * by nothing else); l_open drops them once curl has copied them.
+ * [-0, +(0|1), v] */
 static const char *opt_string(lua_State *L, int t, const char *k) {
-  const char *s;
   lua_getfield(L, t, k);
-  s = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
-  lua_pop(L, 1);        /* the string stays alive: it is in the table */
-  return s;
+  if (!lua_isnil(L, -1)) return luaL_checkstring(L, -1);
+  lua_pop(L, 1);
+  return NULL;
 }
 
 static double opt_number(lua_State *L, int t, const char *k, double d) {
@@ -413,12 +416,14 @@ static void wait_timer_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static int l_open(lua_State *L) {
   xfer_ud *u;
   xfer *x;
+  int ud_idx;
   luaL_checktype(L, 1, LUA_TTABLE);
   const char *url = opt_string(L, 1, "url");
   if (!url) return luaL_error(L, "http: url is required");
   u = lua_newuserdatauv(L, sizeof *u, 0);     /* closed until acquired */
   u->x = NULL;
   luaL_setmetatable(L, XFER_MT);
+  ud_idx = lua_gettop(L);
   if (!multi_init() || !(x = calloc(1, sizeof *x))) return luaL_error(L, "http: out of memory");
   n_xfers++;
   u->x = x;
@@ -436,6 +441,7 @@ static int l_open(lua_State *L) {
     x->done = 1;
     x->result = CURLE_FAILED_INIT;
   }
+  lua_settop(L, ud_idx);                      /* curl has copied the strings */
   return 1;
 }
 

@@ -486,14 +486,15 @@ static double opt_timeout(lua_State *L, int idx) {
   return t;
 }
 
-/* A string field of the table at opts (0: none), or NULL. [-0, +0, v] */
+/* A string field of the table at opts (0: none), or NULL. A string stays
+ * pushed as its own anchor: one that __index computed is referenced by
+ * nothing else, and the next allocation could collect it. [-0, +(0|1), v] */
 static const char *opt_string(lua_State *L, int opts, const char *k, size_t *len) {
-  const char *s = NULL;
   if (opts == 0) return NULL;
-  if (lua_getfield(L, opts, k) == LUA_TSTRING) s = lua_tolstring(L, -1, len);
-  else if (!lua_isnil(L, -1)) luaL_error(L, "opts.%s must be a string", k);
+  if (lua_getfield(L, opts, k) == LUA_TSTRING) return lua_tolstring(L, -1, len);
+  if (!lua_isnil(L, -1)) luaL_error(L, "opts.%s must be a string", k);
   lua_pop(L, 1);
-  return s;                            /* anchored by opts */
+  return NULL;
 }
 
 /* Reads {stdin=, timeout=, max_output=} from the table at idx (or none). */
@@ -688,7 +689,7 @@ static char **check_env(lua_State *L, int opts) {
 
 typedef struct spawn_req { char **argv, **envp; const char *cwd; } spawn_req;
 
-/* Checks cmd and opts (cwd, env); raises on bad types. [-0, +3, v] */
+/* Checks cmd and opts (cwd, env); raises on bad types. [-0, +(3|4), v] */
 static void check_spawn(lua_State *L, int cmd, int opts, spawn_req *r) {
   if (lua_isnoneornil(L, opts)) opts = 0;
   else luaL_checktype(L, opts, LUA_TTABLE);

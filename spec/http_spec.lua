@@ -266,6 +266,25 @@ describe("engine.http", function()
       assert.matches("^connect: ", err)
     end)
 
+    -- regression: request strings that __index computed were popped
+    -- unanchored and handed to curl after the next allocation
+    it("keeps request strings from __index alive", function()
+      srv:script{ { body = "ok" } }
+      local req = setmetatable({}, { __index = function(_, k)
+        if k == "url" then return srv.url .. "/?" .. ("q"):rep(300) .. math.random() end
+        if k == "method" then return "GE" .. "T" end
+      end })
+      collectgarbage("incremental", 1, 1000, 0)
+      local ok, status, _, body = pcall(function()
+        local t <close> = http.core.open(req)
+        return t:finish(5)
+      end)
+      collectgarbage("incremental", 200, 100, 13)
+      assert.is_true(ok)
+      assert.equal(200, status)
+      assert.equal("ok", body)
+    end)
+
     it("frees the transfer when a reader is cancelled", function()
       srv:script{ { chunks = { { data = "data: a\n\n" } }, stall = 5 } }
       local t = engine.spawn(function()

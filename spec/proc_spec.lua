@@ -303,6 +303,24 @@ describe("engine.proc", function()
     end)
   end)
 
+  -- regression: an opts string that __index computed was popped unanchored
+  -- and used after the next allocation (heap-use-after-free under ASan)
+  it("keeps opts strings from __index alive while spawning", function()
+    local opts = setmetatable({}, { __index = function(_, key)
+      if key == "stdin" then return ("x"):rep(100000) .. math.random(100000000, 999999999) end
+      if key == "cwd" then return "/tmp/" .. ("./"):rep(math.random(3, 9)) end
+    end })
+    collectgarbage("incremental", 1, 1000, 0)   -- collect at every allocation
+    local ok, err = pcall(function()
+      for _ = 1, 5 do
+        local r = assert(proc.spawn({ "sh", "-c", "pwd; wc -c" }, opts)):wait()
+        assert.equal("/tmp\n100009\n", (r.stdout:gsub(" ", "")))
+      end
+    end)
+    collectgarbage("incremental", 200, 100, 13)
+    assert(ok, err)
+  end)
+
   describe("cancellation", function()
     it("kills and reaps the child of a cancelled communicate", function()
       local pid
