@@ -648,14 +648,21 @@ static void child_cb(struct ev_loop *l, ev_child *w, int revents) {
 static const eng_proc_ops host_ops = { host_kill, host_release };
 
 /* The strings of the table at idx (1..n, all strings, or raises) as a
- * NULL-terminated array the table anchors. [-0, +1, m] */
+ * NULL-terminated array. The array's user value (a table) holds every
+ * string: the source may be a proxy whose __index makes fresh ones.
+ * [-0, +1, m] */
 static char **string_array(lua_State *L, int idx, lua_Integer n, const char *what) {
-  char **v = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *v, 0);
-  for (lua_Integer i = 1; i <= n; i++, lua_pop(L, 1)) {
+  char **v;
+  idx = lua_absindex(L, idx);
+  v = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *v, 1);
+  lua_createtable(L, (int)n, 0);
+  for (lua_Integer i = 1; i <= n; i++) {
     if (lua_geti(L, idx, i) != LUA_TSTRING) luaL_error(L, "%s must hold strings", what);
     v[i - 1] = (char *)lua_tostring(L, -1);
+    lua_rawseti(L, -2, i);
   }
   v[n] = NULL;
+  lua_setiuservalue(L, -2, 1);
   return v;
 }
 

@@ -321,6 +321,26 @@ describe("engine.proc", function()
     assert(ok, err)
   end)
 
+  it("keeps argv strings from a proxy table alive while spawning", function()
+    local word = ("y"):rep(200)
+    local argv = setmetatable({}, {
+      __index = function(_, i)
+        if i == 1 then return "ec" .. "ho" end
+        if i == 2 then return word .. math.random(100000000, 999999999) end
+      end,
+      __len = function() return 2 end,
+    })
+    collectgarbage("incremental", 1, 1000, 0)
+    local ok, r = pcall(function()
+      local out = {}
+      for i = 1, 5 do out[i] = assert(proc.spawn(argv)):wait().stdout end
+      return out
+    end)
+    collectgarbage("incremental", 200, 100, 13)
+    assert(ok, r)
+    for _, out in ipairs(r) do assert.matches("^" .. word .. "%d+\n$", out) end
+  end)
+
   describe("cancellation", function()
     it("kills and reaps the child of a cancelled communicate", function()
       local pid
