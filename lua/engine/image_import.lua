@@ -7,19 +7,12 @@
 -- imported (same path, size and mtime, all layers present) resolves from
 -- the images index without reading it.
 local archive = require "engine.archive"
-local json = require "engine.json"
 local layers = require "engine.layers"
 local image = require "engine.image"
 
 local M = {}
 
-local function read_json(path)
-  local s = layers.read_file(path)
-  if not s then return nil end
-  local ok, v = pcall(json.decode, s)
-  if ok and type(v) == "table" then return v end
-  return nil
-end
+local read_json = layers.read_json
 
 local function blob(dir, digest)
   local algo, hex = tostring(digest):match("^(%w+):(%x+)$")

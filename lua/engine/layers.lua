@@ -37,13 +37,12 @@ end
 M.mkdirs, M.read_file, M.write_atomic = trace.mkdirs, trace.read_file, trace.write_atomic
 local read_file, write_atomic = M.read_file, M.write_atomic
 
-local function read_json(path)
-  local s = read_file(path)
-  if not s then return nil end
-  local ok, v = pcall(json.decode, s)
-  if ok and type(v) == "table" then return v end
-  return nil
+-- The JSON object (or array) in a file, or nil when it is missing or not one.
+function M.read_json(path)
+  local v = json.safe_decode(read_file(path) or "")
+  return type(v) == "table" and v or nil
 end
+local read_json = M.read_json
 
 -- layers.open(root?) -> store (directories created on first use)
 function M.open(root)
