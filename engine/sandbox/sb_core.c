@@ -662,8 +662,8 @@ static void add_list(lua_State *L, luaL_Buffer *b, int idx) {
     size_t len;
     const char *s = lua_tolstring(L, -1, &len);
     if (!s || memchr(s, 0, len)) luaL_error(L, "argv and env entries must be strings without NUL");
-    lua_pop(L, 1);
-    luaL_addlstring(b, s, len + 1);
+    luaL_addvalue(b);     /* copies, then pops: a number's new string is never loose */
+    luaL_addchar(b, 0);
   }
   luaL_addchar(b, 0);
 }
