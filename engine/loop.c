@@ -51,6 +51,7 @@ static int l_sleep(lua_State *L) {
   double s = luaL_checknumber(L, 1);
   eng_task *t = eng_task_current(L);
   sleep_op *op;
+  luaL_argcheck(L, s == s, 1, "NaN");   /* a NaN expiry breaks libev's timer heap order */
   if (!t) return eng_task_block(L, l_sleep);
   if (s <= 0) {
     eng_task_wake(t, 0);

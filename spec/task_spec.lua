@@ -205,6 +205,10 @@ describe("engine tasks", function()
     end)
   end)
 
+  it("refuses to sleep for NaN seconds", function()
+    assert.has_error(function() engine.sleep(0 / 0) end)
+  end)
+
   describe("deadline", function()
     it("interrupts the pending operation with the given error once", function()
       local t = engine.spawn(function()
