@@ -112,7 +112,8 @@ static int mask_dir(const char *mask, const char *rel) {
     int mode = empty_mode(sub), rc = 0;
     if (is_allowed(sub)) continue;
     if (mode >= 0) rc = make_opaque(out, (mode_t)mode);
-    else if (leads_to_allowed(sub)) rc = mkdir(out, 0755) || mask_dir(mask, sub);
+    else if (leads_to_allowed(sub))      /* `a || b` is 1, never < 0: spell it out */
+      rc = mkdir(out, 0755) < 0 || mask_dir(mask, sub) < 0 ? -1 : 0;
     else rc = make_whiteout(out);
     if (rc < 0) { closedir(d); return -1; }
   }
