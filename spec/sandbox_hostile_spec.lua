@@ -15,13 +15,7 @@ local function sh(cmd)
   return out
 end
 
-local function read_host(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_host = require("engine.trace").read_file
 
 local function write_host(path, data)
   local f = assert(io.open(path, "wb"))

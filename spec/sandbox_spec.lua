@@ -19,13 +19,7 @@ local function host_tmpdir()
   return (sh("mktemp -d /tmp/sandbox-spec.XXXXXX"):gsub("%s+$", ""))
 end
 
-local function read_host(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_host = require("engine.trace").read_file
 
 local function write_host(path, data)
   local f = assert(io.open(path, "wb"))
