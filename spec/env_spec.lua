@@ -47,6 +47,48 @@ describe("engine.env", function()
     end)
   end)
 
+  describe("load", function()
+    local dir
+    before_each(function()
+      dir = os.tmpname()
+      os.remove(dir)
+      assert(require("engine.trace").mkdirs(dir))
+    end)
+    after_each(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+    local function file(name, text)
+      local f = assert(io.open(dir .. "/" .. name, "w"))
+      f:write(text)
+      f:close()
+      return dir .. "/" .. name
+    end
+
+    it("loads an env file, named as its source", function()
+      local path = file("good.lua", 'local env = require "engine.env"\n' ..
+        'return env.define { tasks = { { id = "a" } }, score = function() return 1 end }\n')
+      local e = assert(envlib.load(path))
+      assert.is_true(e.is_env)
+      assert.equal(path, e.source)
+      assert.equal("good", e.name)
+      assert.is_nil(envlib.loading)
+    end)
+
+    it("says in one line what is wrong with a file that is not an env", function()
+      local e, err = envlib.load(file("plain.lua", "return 42\n"))
+      assert.is_nil(e)
+      assert.matches("plain.lua: not an environment", err)
+      e, err = envlib.load(file("bad.lua", 'local env = require "engine.env"\nreturn env.define { tasks = {} }\n'))
+      assert.is_nil(e)
+      assert.matches("bad.lua: env 'bad' has no score function", err)
+      assert.is_nil(err:find("\n"))
+      e, err = envlib.load(file("syntax.lua", "return {\n"))
+      assert.is_nil(e)
+      assert.matches("syntax.lua:", err)
+      assert.is_nil(envlib.loading)
+      assert.is_nil(envlib.load(dir .. "/missing.lua"))
+    end)
+  end)
+
   describe("parse_flags", function()
     local e = envlib.define(minimal({ options = {
       tasks = { arg = "DIR", help = "task dir", default = "tasks" },

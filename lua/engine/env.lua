@@ -198,6 +198,24 @@ function M.define(spec)
   return spec
 end
 
+-- env.load(path) -> env | nil, "one line": runs an env file (as the env's
+-- source, see source_of) and checks that it returned env.define{...}.
+function M.load(path)
+  local chunk, err = loadfile(path)
+  if not chunk then return nil, err end
+  M.loading = path
+  local ok, res = pcall(chunk)
+  M.loading = nil
+  if not ok then
+    if type(res) == "table" and res.message then res = res.message end
+    return nil, (tostring(res):match("^[^\n]*"))
+  end
+  if type(res) ~= "table" or not res.is_env then
+    return nil, path .. ": not an environment (it must return env.define{...})"
+  end
+  return res
+end
+
 -- ---- flags ----------------------------------------------------------------
 
 local function convert(f, value, shown)

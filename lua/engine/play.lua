@@ -34,15 +34,8 @@ local function fail(msg) error(envlib.error(msg), 0) end
 
 -- Loads an env file -> env table; raises one line.
 local function load_env(path)
-  local chunk, err = loadfile(path)
-  if not chunk then fail(err) end
-  envlib.loading = path
-  local ok, env_table = pcall(chunk)
-  envlib.loading = nil
-  if not ok then fail(R.first_line(env_table)) end
-  if type(env_table) ~= "table" or not env_table.is_env then
-    fail(path .. ": not an environment (it must return env.define{...})")
-  end
+  local env_table, err = envlib.load(path)
+  if not env_table then fail(err) end
   return env_table
 end
 

@@ -868,11 +868,8 @@ function M.resume_command(argv)
   if not f and env.file then path = env.file; f = io.open(path) end
   if not f then say(dir .. ": the run's env file " .. tostring(path) .. " is gone"); return 1 end
   f:close()
-  local chunk, lerr = loadfile(path)
-  if not chunk then say(lerr); return 1 end
-  local ok, env_table = pcall(chunk)
-  if not ok then say(first_line(env_table)); return 1 end
-  if type(env_table) ~= "table" or not env_table.is_env then say(path .. ": not an environment"); return 1 end
+  local env_table, lerr = envlib.load(path)
+  if not env_table then say(lerr); return 1 end
   local args = { "--resume", dir }
   for i = argv[1] == "--resume" and 3 or 2, #argv do args[#args + 1] = argv[i] end
   return M.main(env_table, path, args)
