@@ -17,6 +17,9 @@
  * eng_task_wake(t, nresults); the task then resumes inside the primitive and
  * those values are its return values. If the task is cancelled or
  * interrupted first, the cleanup runs instead (and the callback never does).
+ * Where the task's thread cannot yield (a metamethod called from C, a sort
+ * comparator...), eng_task_yield runs the cleanup at once and raises: arm
+ * nothing the cleanup would not undo.
  */
 #ifndef ENGINE_H
 #define ENGINE_H
