@@ -68,10 +68,7 @@ local function build(self, opts, model_name)
                         input_schema = t.parameters or { type = "object" } }
     end
   end
-  for _, extra in ipairs{ self.extra_body or {}, opts.extra_body or {} } do
-    for k, v in pairs(extra) do body[k] = v end
-  end
-  return body
+  return self:add_extra_body(body, opts)
 end
 
 local FINISH = { end_turn = "stop", stop_sequence = "stop", tool_use = "tool_calls",
@@ -104,11 +101,7 @@ local function parse(v)
 end
 
 function Anthropic:request_headers()
-  local h = { ["Content-Type"] = "application/json",
-              ["anthropic-version"] = self.anthropic_version }
-  if self.has_key then h["x-api-key"] = self:key() end
-  for k, v in pairs(self.headers or {}) do h[k] = v end
-  return h
+  return self:json_headers({ ["anthropic-version"] = self.anthropic_version }, "x-api-key")
 end
 
 -- ---- streaming ------------------------------------------------------------

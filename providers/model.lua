@@ -234,6 +234,26 @@ function M.decode(res, what)
   return v
 end
 
+-- Request headers: JSON content type, the provider's own fixed ones, the
+-- key as key_header = prefix .. key (when there is a key), then the
+-- config's headers, which win.
+function Base:json_headers(own, key_header, prefix)
+  local h = { ["Content-Type"] = "application/json" }
+  for k, v in pairs(own or {}) do h[k] = v end
+  if self.has_key then h[key_header] = (prefix or "") .. self:key() end
+  for k, v in pairs(self.headers or {}) do h[k] = v end
+  return h
+end
+
+-- Sets the config's extra_body fields on body, then the call's (each wins
+-- over what came before); returns body.
+function Base:add_extra_body(body, opts)
+  for _, extra in ipairs{ self.extra_body or {}, opts.extra_body or {} } do
+    for k, v in pairs(extra) do body[k] = v end
+  end
+  return body
+end
+
 -- The shared body of every provider's complete(): POSTs body to path
 -- (streamed when opts.stream, else the config's stream, says so), turns the
 -- 2xx response into a result and books its usage and latency. wire names

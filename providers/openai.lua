@@ -68,10 +68,7 @@ local function build(self, opts, model_name)
                  temperature = opts.temperature or self.temperature }
   body[self.max_tokens_field or "max_tokens"] = opts.max_tokens or self.max_tokens
   if opts.tools and #opts.tools > 0 then body.tools = convert_tools(opts.tools) end
-  for _, extra in ipairs{ self.extra_body or {}, opts.extra_body or {} } do
-    for k, v in pairs(extra) do body[k] = v end
-  end
-  return body
+  return self:add_extra_body(body, opts)
 end
 
 -- One tool call from the response.
@@ -113,10 +110,7 @@ local function parse(v)
 end
 
 function OpenAI:request_headers()
-  local h = { ["Content-Type"] = "application/json" }
-  if self.has_key then h["Authorization"] = "Bearer " .. self:key() end
-  for k, v in pairs(self.headers or {}) do h[k] = v end
-  return h
+  return self:json_headers(nil, "Authorization", "Bearer ")
 end
 
 -- ---- streaming ------------------------------------------------------------

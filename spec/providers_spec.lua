@@ -41,6 +41,18 @@ describe("model providers", function()
   end
 
   describe("openai", function()
+    it("lets the call's extra_body win over the config's, and config headers over its own", function()
+      srv:script{ chat("ok") }
+      local p = new_openai{ extra_body = { top_k = 5, seed = 1 }, headers = { ["X-Team"] = "a" } }
+      assert(p:complete{ messages = { { role = "user", content = "hi" } }, extra_body = { top_k = 7 } })
+      local req = srv:requests()[1]
+      local body = json.decode(req.body)
+      assert.same({ 7, 1 }, { body.top_k, body.seed })
+      assert.equal("a", req.headers["x-team"])
+      assert.equal("Bearer " .. KEY, req.headers["authorization"])
+      assert.equal("application/json", req.headers["content-type"])
+    end)
+
     it("sends messages, tools and extra body; parses tool calls, usage and cost", function()
       srv:script{ chat(json.null, { { id = "t1", type = "function",
         ["function"] = { name = "bash", arguments = '{"command":"ls -la"}' } } }) }
