@@ -554,6 +554,18 @@ describe("engine.sandbox", function()
     local exe = sh("readlink /proc/" .. core.getpid() .. "/exe"):gsub("%s+$", "")
     local proc = require "engine.proc"
 
+    it("prints a record's cgroup list as a JSON array, empty or not (ps --json)", function()
+      local state = host_tmpdir()
+      assert(os.execute("mkdir -p " .. state .. "/sandboxes"))
+      write_host(state .. "/sandboxes/sb-00000abcde.json", require("engine.json").encode {
+        id = "sb-00000abcde", owner_pid = core.getpid(), created_at = 1, labels = {},
+        cgroups = require("engine.json").array() })
+      local out = sh("ENGINE_STATE_DIR=" .. state .. " " .. exe .. " ps --json")
+      os.execute("rm -rf '" .. state .. "'")
+      assert.matches('"cgroups":[]', out, 1, true)
+      assert.matches('"id":"sb-00000abcde"', out, 1, true)
+    end)
+
     it("clean up after an engine killed with SIGKILL", function()
       local state = host_tmpdir()
       local script = state .. "/victim.lua"

@@ -518,6 +518,7 @@ function M.records()
       local rec = json.safe_decode(read_file(dir .. "/" .. name) or "")
       if type(rec) == "table" and type(rec.id) == "string" then
         rec.file = dir .. "/" .. name
+        rec.cgroups = json.array(type(rec.cgroups) == "table" and rec.cgroups or {})   -- [] in ps --json
         rec.owner_alive = engine_alive(rec.owner_pid)
         rec.memory = cgroup_memory(rec)
         out[#out + 1] = rec
