@@ -669,7 +669,7 @@ end
 -- build(store, image_table, spec) -> {layers, config, key, keys, made} | nil, err
 function M.build(store, img, spec)
   local path = img.dockerfile
-  local text = path and require("engine.layers").read_file(path)
+  local text = path and layers_read(path)
   if not text then return nil, tostring(path) .. ": cannot read the Dockerfile" end
   local context = archive.realpath(img.context or dirname(path))
   if not context then return nil, tostring(img.context) .. ": no such build context" end
