@@ -234,6 +234,13 @@ describe("agent llm", function()
     assert.equal("submitting", tr.nodes[2].content)
   end)
 
+  it("takes a system prompt with % signs as written, the command limit in its %d", function()
+    srv:script{ call("submit", {}) }
+    local r = llm.new(config{ system_prompt = "Give it 100% (%d s per command, 50%% off)." }):act(ctx_for())
+    assert.equal("submitted", r.status)
+    assert.equal("Give it 100% (20 s per command, 50%% off).", bodies()[1].messages[1].content)
+  end)
+
   it("stops at the turn limit", function()
     local list = {}
     for i = 1, 3 do list[i] = call("bash", { command = "true" }) end

@@ -203,7 +203,9 @@ local function new_episode(agent, ctx)
   local budget = tonumber(s.agent_timeout) or (ctx.timeouts and tonumber(ctx.timeouts.agent))
   -- stop a little before the runner's own deadline, to end cleanly
   ep.deadline = budget and engine.monotonic() + budget - math.min(2, budget * 0.05) or math.huge
-  local system = (s.system_prompt or M.SYSTEM_PROMPT):format(math.floor(s.command_timeout))
+  -- the command limit goes in place of the prompt's "%d"; other % signs of
+  -- a user's prompt stay as written
+  local system = (s.system_prompt or M.SYSTEM_PROMPT):gsub("%%d", tostring(math.floor(s.command_timeout)), 1)
   ep.head = { { role = "system", content = system },
               { role = "user", content = "Task:\n" .. instruction_of(ctx.task) } }
   ep.messages = { ep.head[1], ep.head[2] }
