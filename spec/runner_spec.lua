@@ -398,6 +398,24 @@ describe("engine.runner", function()
     assert.equal(0, P.live)                      -- not left running
   end)
 
+  it("writes empty argv lists in run.json as arrays, also after --resume", function()
+    local env = basic_env({ tasks = function() return n_tasks(1) end })
+    local config = assert(envlib.parse_flags({ "--out", out, "-q" }, env))
+    local so = io.stdout
+    io.stdout = sink()
+    local code = runner.execute(env, "spec/runner_spec.lua", {}, config, require("engine.agents").get("oracle"))
+    io.stdout = so
+    assert.equal(0, code)
+    local dir = only_run(out)
+    local text = trace.read_file(dir .. "/run.json")
+    assert.matches('"argv":[]', text, 1, true)
+    assert.not_matches('"argv":{}', text, 1, true)
+    code = run(env, { "--resume", dir, "-q" })
+    assert.equal(0, code)
+    text = trace.read_file(dir .. "/run.json")
+    assert.not_matches('"argv":{}', text, 1, true)
+  end)
+
   it("keeps a scored episode and stops its box when Ctrl-C lands during cleanup", function()
     local interrupted = false
     local env = basic_env({ tasks = function() return n_tasks(1) end,

@@ -754,7 +754,10 @@ local function open_run(st, env_path, args)
     elseif not a:match("^%-%-resume=") and not PRESENTATION[a] then argv[#argv + 1] = a end
   end
   st.sessions = prior and type(prior.sessions) == "table" and prior.sessions or {}
-  st.session = { started_at = engine.now(), argv = args }
+  for _, s in ipairs(st.sessions) do   -- read back from run.json: lists are arrays again
+    if type(s) == "table" and type(s.argv) == "table" then s.argv = json.array(s.argv) end
+  end
+  st.session = { started_at = engine.now(), argv = json.array(table.move(args, 1, #args, 1, {})) }
   st.sessions[#st.sessions + 1] = st.session
   local command = { "engine", "run", env_path }
   for _, a in ipairs(args) do command[#command + 1] = a end
