@@ -666,6 +666,22 @@ describe("engine.play", function()
   end)
 end)
 
+describe("engine.agents.oracle", function()
+  it("raises an infra_error when the sandbox cannot run a solution command", function()
+    local oracle = require("engine.agents").get("oracle")
+    local ran = {}
+    local box = { exec = function(_, cmd)
+      ran[#ran + 1] = cmd
+      if cmd == "b" then return nil, "closed" end
+      return { code = 1 }                       -- a failing command is the scorer's business
+    end }
+    local ok, err = pcall(oracle.act, oracle, { task = { id = "t", solution = { "a", "b", "c" } }, sandbox = box })
+    assert.is_false(ok)
+    assert.same({ kind = "infra_error", message = "oracle: closed" }, err)
+    assert.same({ "a", "b" }, ran)
+  end)
+end)
+
 describe("engine.report", function()
   it("computes unbiased pass@k", function()
     assert.equal(0.25, report.pass_at_k(4, 1, 1))

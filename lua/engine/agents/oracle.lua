@@ -2,7 +2,8 @@
 -- wins; else the task's `solution`: a shell script (string), a list of
 -- commands, or a function(ctx). Commands run in the sandbox with the agent's
 -- remaining time as their timeout; a non-zero exit is left for the scorer
--- to judge.
+-- to judge; a command the sandbox could not run at all raises an
+-- infra_error (the box is gone: the scorer would only see an empty box).
 local M = {}
 
 local Oracle = { name = "oracle" }
@@ -14,7 +15,8 @@ end
 
 local function run_commands(ctx, cmds)
   for _, cmd in ipairs(cmds) do
-    ctx.sandbox:exec(cmd, { timeout = ctx.timeouts and ctx.timeouts.agent })
+    local r, err = ctx.sandbox:exec(cmd, { timeout = ctx.timeouts and ctx.timeouts.agent })
+    if not r then error({ kind = "infra_error", message = "oracle: " .. tostring(err) }, 0) end
   end
 end
 
