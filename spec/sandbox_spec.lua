@@ -554,6 +554,20 @@ describe("engine.sandbox", function()
     local exe = sh("readlink /proc/" .. core.getpid() .. "/exe"):gsub("%s+$", "")
     local proc = require "engine.proc"
 
+    it("gc removes a torn state file at once when no live engine can own it", function()
+      local state = host_tmpdir()
+      assert(os.execute("mkdir -p " .. state .. "/sandboxes"))
+      local orphan = state .. "/sandboxes/sb-00001abcde.json"     -- pid ...00001: no engine
+      local mine = state .. "/sandboxes/" .. string.format("sb-%05xabcde.json", core.getpid() & 0xfffff)
+      write_host(orphan, "{")                    -- killed while writing its state file
+      write_host(mine, "{")                      -- this engine may still be writing it
+      local out = sh("ENGINE_STATE_DIR=" .. state .. " " .. exe .. " gc")
+      local left_orphan, left_mine = exists(orphan), exists(mine)
+      os.execute("rm -rf '" .. state .. "'")
+      assert.is_false(left_orphan, out)
+      assert.is_true(left_mine)
+    end)
+
     it("prints a record's cgroup list as a JSON array, empty or not (ps --json)", function()
       local state = host_tmpdir()
       assert(os.execute("mkdir -p " .. state .. "/sandboxes"))

@@ -501,6 +501,17 @@ local function engine_alive(pid)
   return cmdline ~= nil and cmdline:find("engine", 1, true) ~= nil
 end
 
+-- The low 20 bits of every live engine's pid (what a sandbox id starts
+-- with, see new_id), as a set.
+local function engine_pids20()
+  local set = {}
+  for _, name in ipairs(core.host_list("/proc") or {}) do
+    local pid = math.tointeger(tonumber(name))
+    if pid and engine_alive(pid) then set[pid & 0xfffff] = true end
+  end
+  return set
+end
+
 -- Bytes used by the sandbox's memory cgroup, or nil.
 local function cgroup_memory(rec)
   for _, cg in ipairs(rec.cgroups or {}) do
@@ -585,11 +596,18 @@ function M.gc(opts)
       list[#list + 1] = rec.id
     end
   end
-  local dir = M.state_dir()
+  -- state files that do not parse (an engine killed while writing one):
+  -- once a minute old, or at once when no live engine can own them
+  local dir, owners = M.state_dir(), nil
   for _, name in ipairs(core.host_list(dir) or {}) do
     local id = name:match("^(sb%-%x+)%.json$")
     local _, _, _, mtime = core.host_stat(dir .. "/" .. name)
-    if id and not known[id] and now - (mtime or now) > 60 then os.remove(dir .. "/" .. name) end
+    if id and not known[id] then
+      owners = owners or engine_pids20()
+      if now - (mtime or now) > 60 or not owners[tonumber(id:sub(4, 8), 16)] then
+        os.remove(dir .. "/" .. name)
+      end
+    end
   end
   sweep_orphans(known, now, removed)
   -- shared host masks (/dev/shm/engine-mask-PID-GEN) of engines that are gone
