@@ -245,7 +245,7 @@ function Progress:episode(rec)
   end
   local err = rec.error and (" " .. tostring(rec.error.kind) .. ": " .. tostring(rec.error.message)) or ""
   self.out:write(string.format("[%d/%s] %s reward=%s %s %s%s\n", self.done, self.total or "?",
-    rec.id, rec.reward == nil and "-" or tostring(rec.reward), rec.status or "?",
+    rec.id, rec.reward == nil and "-" or string.format("%.4g", rec.reward), rec.status or "?",
     fmt_dur(rec.duration), err))
   self.out:flush()
 end

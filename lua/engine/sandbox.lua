@@ -560,7 +560,8 @@ local function sweep_record(rec)
     if cg:find("/engine/" .. rec.id, 1, true) then core.kill(math.tointeger(rec.pid), 9) end
   end
   local ok = true
-  for _, path in ipairs(rec.cgroups or {}) do ok = remove_cgroup(path) and ok end
+  -- a just-killed engine's supervisor may take seconds to exit (ASan builds)
+  for _, path in ipairs(rec.cgroups or {}) do ok = remove_cgroup(path, 10) and ok end
   if rec.upper_dir then core.host_rmtree(rec.upper_dir .. ".work") end
   if ok then os.remove(rec.file) end
   return ok
