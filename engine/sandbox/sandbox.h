@@ -109,4 +109,9 @@ void eng_sb_push_file(struct lua_State *L, int fd);   /* [-0, +1, m] */
 void eng_sb_files_open(struct lua_State *L);         /* adds host_* to table */
 const char *eng_sb_errmsg(int err);
 
+/* sb_config.c */
+const char *eng_sb_read_config(struct lua_State *L, int t, sb_config *cfg);
+double eng_sb_get_num(struct lua_State *L, int t, const char *k);
+void eng_sb_get_str(struct lua_State *L, int t, const char *k, char *out, size_t len);
+
 #endif

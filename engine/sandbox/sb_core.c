@@ -488,79 +488,6 @@ static int child_main(void *arg) {
   eng_sb_serve(fd);
 }
 
-static const char *cfg_err;   /* what read_config found wrong, or NULL */
-
-/* Copies the string t[k] ("" if absent); one that does not fit sets cfg_err
- * (a cut path would name another file). */
-static void get_str(lua_State *L, int t, const char *k, char *out, size_t len) {
-  lua_getfield(L, t, k);
-  const char *s = lua_tostring(L, -1);
-  if (snprintf(out, len, "%s", s ? s : "") >= (int)len) cfg_err = "sandbox config: path too long";
-  lua_pop(L, 1);
-}
-
-static double get_num(lua_State *L, int t, const char *k) {
-  lua_getfield(L, t, k);
-  double v = lua_tonumber(L, -1);
-  lua_pop(L, 1);
-  return v;
-}
-
-/* Copies the array t[k] of strings into out (at most max); returns count.
- * More than max entries, or a path too long, sets cfg_err: dropping image
- * layers or hide paths silently would build another root. */
-static int get_list(lua_State *L, int t, const char *k, char (*out)[PATH_MAX], int max) {
-  int n = 0;
-  lua_getfield(L, t, k);
-  if (lua_istable(L, -1)) {
-    for (; n < max; n++) {
-      if (lua_rawgeti(L, -1, n + 1) != LUA_TSTRING) { lua_pop(L, 1); break; }
-      if (snprintf(out[n], PATH_MAX, "%s", lua_tostring(L, -1)) >= PATH_MAX)
-        cfg_err = "sandbox config: path too long";
-      lua_pop(L, 1);
-    }
-    if (n == max && lua_rawgeti(L, -1, max + 1) != LUA_TNIL)
-      cfg_err = "sandbox config: too many layers, hide paths or mounts";
-    if (n == max) lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
-  return n;
-}
-
-static void get_mounts(lua_State *L, int t) {
-  cfg.nmounts = 0;
-  lua_getfield(L, t, "mounts");
-  for (int i = 1; lua_istable(L, -1) && cfg.nmounts < SB_MAX_EXTRA; i++) {
-    if (lua_rawgeti(L, -1, i) != LUA_TTABLE) { lua_pop(L, 1); break; }
-    get_str(L, -1, "src", cfg.mount_src[cfg.nmounts], PATH_MAX);
-    get_str(L, -1, "dst", cfg.mount_dst[cfg.nmounts], PATH_MAX);
-    lua_getfield(L, -1, "readonly");
-    cfg.mount_ro[cfg.nmounts++] = lua_toboolean(L, -1);
-    lua_pop(L, 2);
-  }
-  if (cfg.nmounts == SB_MAX_EXTRA && lua_rawgeti(L, -1, SB_MAX_EXTRA + 1) != LUA_TNIL)
-    cfg_err = "sandbox config: too many layers, hide paths or mounts";
-  if (cfg.nmounts == SB_MAX_EXTRA) lua_pop(L, 1);
-  lua_pop(L, 1);
-}
-
-/* Fills cfg from the table at t; returns NULL or what is wrong with it. */
-static const char *read_config(lua_State *L, int t) {
-  char net[PATH_MAX];
-  cfg_err = NULL;
-  get_str(L, t, "id", cfg.id, sizeof cfg.id);
-  get_str(L, t, "mnt", cfg.mnt, sizeof cfg.mnt);
-  get_str(L, t, "upper_dir", cfg.upper_dir, sizeof cfg.upper_dir);
-  get_str(L, t, "workdir", cfg.workdir, sizeof cfg.workdir);
-  get_str(L, t, "network", net, sizeof net);
-  cfg.net_none = strcmp(net, "host") != 0;
-  cfg.disk = (long long)get_num(L, t, "disk");
-  cfg.nlayers = get_list(L, t, "layers", cfg.layers, SB_MAX_LAYERS);
-  cfg.nhide = get_list(L, t, "hide", cfg.hide, SB_MAX_EXTRA);
-  get_mounts(L, t);
-  return cfg_err;
-}
-
 static sbox *box_new(lua_State *L, int t, pid_t pid, int sock) {
   sbox *sb = calloc(1, sizeof *sb);
   if (!sb) return NULL;
@@ -568,8 +495,8 @@ static sbox *box_new(lua_State *L, int t, pid_t pid, int sock) {
   sb->pid = pid;
   sb->sock = sock;
   sb->has_ud = 1;
-  sb->mem_limit = get_num(L, t, "memory") > 0;
-  get_str(L, t, "state_file", sb->state_file, sizeof sb->state_file);
+  sb->mem_limit = eng_sb_get_num(L, t, "memory") > 0;
+  eng_sb_get_str(L, t, "state_file", sb->state_file, sizeof sb->state_file);
   if (*cfg.upper_dir) snprintf(sb->work_dir, sizeof sb->work_dir, "%s.work", cfg.upper_dir);
   ev_io_init(&sb->io, io_cb, sock, EV_READ);
   ev_io_start(eng_loop(), &sb->io);
@@ -603,7 +530,7 @@ static int l_create(lua_State *L) {
   char err[256];
   int pair[2];
   luaL_checktype(L, 1, LUA_TTABLE);
-  const char *bad = read_config(L, 1);
+  const char *bad = eng_sb_read_config(L, 1, &cfg);
   if (bad) return eng_fail(L, bad);
   if (!(cfg.bpf = eng_sb_seccomp_prog())) return eng_fail(L, "cannot build the seccomp filter");
   const char *mask = cfg.nhide ? NULL : eng_sb_mask_prepare();
@@ -621,8 +548,8 @@ static int l_create(lua_State *L) {
   }
   /* The child builds its root meanwhile; it runs no command before it has
    * been moved into its cgroups (commands start only on our request). */
-  if (eng_sb_cgroup_create(&(*ud)->cg, cfg.id, (long long)get_num(L, 1, "memory"),
-                           (long long)get_num(L, 1, "pids"), get_num(L, 1, "cpus"),
+  if (eng_sb_cgroup_create(&(*ud)->cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
+                           (long long)eng_sb_get_num(L, 1, "pids"), eng_sb_get_num(L, 1, "cpus"),
                            err, sizeof err) < 0 ||
       (eng_sb_cgroup_add(&(*ud)->cg, pid) < 0 &&
        snprintf(err, sizeof err, "cannot join the sandbox cgroups (%s)", strerror(errno)))) {

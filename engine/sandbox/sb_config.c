@@ -1,0 +1,83 @@
+/*
+ * sb_config.c: reads the table sandbox.lua hands to core.create into the
+ * fixed-size sb_config the cloned child works from. Nothing is dropped or cut
+ * silently: a path too long or too many layers is an error.
+ */
+#include "engine.h"
+#include "sandbox.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *cfg_err;   /* what read_config found wrong, or NULL */
+
+/* Copies the string t[k] ("" if absent); one that does not fit sets cfg_err
+ * (a cut path would name another file). */
+void eng_sb_get_str(lua_State *L, int t, const char *k, char *out, size_t len) {
+  lua_getfield(L, t, k);
+  const char *s = lua_tostring(L, -1);
+  if (snprintf(out, len, "%s", s ? s : "") >= (int)len) cfg_err = "sandbox config: path too long";
+  lua_pop(L, 1);
+}
+
+double eng_sb_get_num(lua_State *L, int t, const char *k) {
+  lua_getfield(L, t, k);
+  double v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Copies the array t[k] of strings into out (at most max); returns count.
+ * More than max entries, or a path too long, sets cfg_err: dropping image
+ * layers or hide paths silently would build another root. */
+static int get_list(lua_State *L, int t, const char *k, char (*out)[PATH_MAX], int max) {
+  int n = 0;
+  lua_getfield(L, t, k);
+  if (lua_istable(L, -1)) {
+    for (; n < max; n++) {
+      if (lua_rawgeti(L, -1, n + 1) != LUA_TSTRING) { lua_pop(L, 1); break; }
+      if (snprintf(out[n], PATH_MAX, "%s", lua_tostring(L, -1)) >= PATH_MAX)
+        cfg_err = "sandbox config: path too long";
+      lua_pop(L, 1);
+    }
+    if (n == max && lua_rawgeti(L, -1, max + 1) != LUA_TNIL)
+      cfg_err = "sandbox config: too many layers, hide paths or mounts";
+    if (n == max) lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return n;
+}
+
+static void get_mounts(lua_State *L, int t, sb_config *cfg) {
+  cfg->nmounts = 0;
+  lua_getfield(L, t, "mounts");
+  for (int i = 1; lua_istable(L, -1) && cfg->nmounts < SB_MAX_EXTRA; i++) {
+    if (lua_rawgeti(L, -1, i) != LUA_TTABLE) { lua_pop(L, 1); break; }
+    eng_sb_get_str(L, -1, "src", cfg->mount_src[cfg->nmounts], PATH_MAX);
+    eng_sb_get_str(L, -1, "dst", cfg->mount_dst[cfg->nmounts], PATH_MAX);
+    lua_getfield(L, -1, "readonly");
+    cfg->mount_ro[cfg->nmounts++] = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+  }
+  if (cfg->nmounts == SB_MAX_EXTRA && lua_rawgeti(L, -1, SB_MAX_EXTRA + 1) != LUA_TNIL)
+    cfg_err = "sandbox config: too many layers, hide paths or mounts";
+  if (cfg->nmounts == SB_MAX_EXTRA) lua_pop(L, 1);
+  lua_pop(L, 1);
+}
+
+/* Fills cfg from the table at t; returns NULL or what is wrong with it. */
+const char *eng_sb_read_config(lua_State *L, int t, sb_config *cfg) {
+  char net[PATH_MAX];
+  cfg_err = NULL;
+  eng_sb_get_str(L, t, "id", cfg->id, sizeof cfg->id);
+  eng_sb_get_str(L, t, "mnt", cfg->mnt, sizeof cfg->mnt);
+  eng_sb_get_str(L, t, "upper_dir", cfg->upper_dir, sizeof cfg->upper_dir);
+  eng_sb_get_str(L, t, "workdir", cfg->workdir, sizeof cfg->workdir);
+  eng_sb_get_str(L, t, "network", net, sizeof net);
+  cfg->net_none = strcmp(net, "host") != 0;
+  cfg->disk = (long long)eng_sb_get_num(L, t, "disk");
+  cfg->nlayers = get_list(L, t, "layers", cfg->layers, SB_MAX_LAYERS);
+  cfg->nhide = get_list(L, t, "hide", cfg->hide, SB_MAX_EXTRA);
+  get_mounts(L, t, cfg);
+  return cfg_err;
+}
