@@ -378,6 +378,20 @@ describe("engine.sandbox", function()
       assert.equal("ok\n", lb:exec("echo ok").stdout)
     end)
 
+    -- pid 1 is a copy of the engine: its resident size is the engine's. An
+    -- OOM kill must still pick the command, never pid 1 (which the kernel
+    -- would prefer once the engine is bigger than the limit).
+    it("never OOM-kills pid 1, even when the engine is big", function()
+      local ballast = {}
+      for i = 1, 1600 do ballast[i] = string.rep(string.char(i % 250), 100000) end
+      local lb <close> = assert(sandbox.new { memory = "64M" })
+      local r = assert(lb:exec("python3 -c 'x = bytearray(512 << 20)'", { timeout = 60 }))
+      assert.is_true(r.oom)
+      assert.is_true(lb:alive())
+      assert.equal("ok\n", lb:exec("echo ok").stdout)
+      assert.equal(1600, #ballast)
+    end)
+
     it("holds a pids limit", function()
       local lb <close> = assert(sandbox.new { pids = 20 })
       local r = assert(lb:exec("for i in $(seq 40); do sleep 5 & done 2>&1; wait", { timeout = 30 }))

@@ -81,6 +81,10 @@ void eng_sb_mask_cleanup(void);
 
 /* sb_super.c: serves requests on fd until the engine goes away. */
 void eng_sb_serve(int fd) __attribute__((noreturn));
+/* Where each command moves itself before exec ("0" to a memory group's
+ * cgroup.procs, opened by the engine), or -1: pid 1 stays outside the
+ * memory limit, so an OOM kill can only pick a command, never pid 1. */
+extern int eng_sb_cmd_cgroup_fd;
 
 /* Send/receive one message with up to 3 fds. Return -1 on error. */
 int eng_sb_send(int fd, const sb_msg *m, const void *payload, size_t len,
@@ -97,6 +101,7 @@ typedef struct sb_cgroup {
 int eng_sb_cgroup_create(sb_cgroup *cg, const char *id, long long memory,
                          long long pids, double cpus, char *err, size_t errlen);
 int eng_sb_cgroup_add(const sb_cgroup *cg, pid_t pid);
+int eng_sb_cgroup_cmd_fd(const sb_cgroup *cg);  /* -1 where pid 1 joins memory too */
 int eng_sb_cgroup_remove(sb_cgroup *cg);        /* 0 when all are gone */
 long long eng_sb_cgroup_oom_kills(const sb_cgroup *cg);
 long long eng_sb_cgroup_memory(const sb_cgroup *cg);

@@ -5,7 +5,11 @@
  * memory controller; otherwise v1 (one directory per controller). Each
  * sandbox gets <root>/engine/<id>; the supervisor (and so everything in
  * the sandbox) is moved there right after clone(), before any command can
- * start. Memory and pids groups always exist (accounting for `engine ps`,
+ * start. Under v1 the supervisor stays out of the memory group: each
+ * command joins it itself before exec (eng_sb_cgroup_cmd_fd), so an OOM
+ * kill inside the limit can only choose a command, never pid 1 (whose
+ * resident size is the engine's, shared copy-on-write, and which cannot
+ * always be shielded with oom_score_adj: that needs CAP_SYS_RESOURCE). Memory and pids groups always exist (accounting for `engine ps`,
  * a fork bomb ceiling); cpu only when `cpus` is set.
  */
 #include "sandbox.h"
@@ -118,9 +122,18 @@ fail:
 int eng_sb_cgroup_add(const sb_cgroup *cg, pid_t pid) {
   char v[32];
   snprintf(v, sizeof v, "%d", (int)pid);
-  for (int i = 0; i < 3; i++)
+  for (int i = cg->v2 ? 0 : 1; i < 3; i++)
     if (*cg->path[i] && write_file(cg->path[i], "cgroup.procs", v) < 0) return -1;
   return 0;
+}
+
+/* An fd on the v1 memory group's cgroup.procs for commands to join
+ * themselves by; under v2 (one group for all) -1 and pid 1 joins it. */
+int eng_sb_cgroup_cmd_fd(const sb_cgroup *cg) {
+  char path[PATH_MAX + 32];
+  if (cg->v2 || !*cg->path[0]) return -1;
+  snprintf(path, sizeof path, "%s/cgroup.procs", cg->path[0]);
+  return open(path, O_WRONLY | O_CLOEXEC);
 }
 
 /* Removes what it can; 0 when every group is gone (EBUSY while the

@@ -467,14 +467,17 @@ static void at_exit(void) {
 
 /* ---- create -------------------------------------------------------------- */
 
+static int child_cmd_fd = -1;  /* the memory group commands join (v1) */
+
 /* pid 1 of the sandbox: set up, report, serve. Never returns. */
 static int child_main(void *arg) {
   int *pair = arg, fd;
   char msg[512] = "";
   close(pair[0]);
   fd = dup2(pair[1], 3) < 0 ? pair[1] : 3;
+  if (child_cmd_fd >= 0 && dup2(child_cmd_fd, 4) == 4) eng_sb_cmd_cgroup_fd = 4;
   close_range(0, 2, 0);
-  close_range(4, ~0U, 0);
+  close_range(eng_sb_cmd_cgroup_fd == 4 ? 5 : 4, ~0U, 0);
   setsid();                       /* a Ctrl-C for the engine is not for us */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   struct pollfd pf = {fd, 0, 0};
@@ -524,11 +527,26 @@ static pid_t spawn_child(int *pair) {
   return clone(child_main, stack + sizeof stack, flags, pair);
 }
 
+/* Creates the box's cgroups before the clone, so pid 1 can hand commands
+ * the memory group to join; returns 0 or -1 with err set. */
+static int make_cgroups(lua_State *L, sb_cgroup *cg, char *err, size_t errlen) {
+  if (eng_sb_cgroup_create(cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
+                           (long long)eng_sb_get_num(L, 1, "pids"),
+                           eng_sb_get_num(L, 1, "cpus"), err, errlen) < 0)
+    return -1;
+  child_cmd_fd = eng_sb_cgroup_cmd_fd(cg);
+  if (cg->v2 || child_cmd_fd >= 0) return 0;
+  snprintf(err, errlen, "cannot open the sandbox memory group (%s)", strerror(errno));
+  eng_sb_cgroup_remove(cg);
+  return -1;
+}
+
 /* core.create(config) -> box | nil, err. The box is starting: call
  * box:wait_ready() before anything else. */
 static int l_create(lua_State *L) {
   char err[256];
   int pair[2];
+  sb_cgroup cg;
   luaL_checktype(L, 1, LUA_TTABLE);
   const char *bad = eng_sb_read_config(L, 1, &cfg);
   if (bad) return eng_fail(L, bad);
@@ -536,23 +554,27 @@ static int l_create(lua_State *L) {
   const char *mask = cfg.nhide ? NULL : eng_sb_mask_prepare();
   snprintf(cfg.mask, sizeof cfg.mask, "%s", mask ? mask : "");
   sbox **ud = push_box(L);
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0)
-    return eng_fail(L, "cannot create the supervisor socket");
-  pid_t pid = spawn_child(pair);
-  close(pair[1]);
-  if (pid < 0) { close(pair[0]); return eng_fail(L, "clone failed"); }
+  if (make_cgroups(L, &cg, err, sizeof err) < 0) return eng_fail(L, err);
+  pid_t pid = -1;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0) {
+    pid = spawn_child(pair);
+    close(pair[1]);
+    if (pid < 0) close(pair[0]);
+  }
+  if (child_cmd_fd >= 0) close(child_cmd_fd);
+  child_cmd_fd = -1;
+  if (pid < 0) { eng_sb_cgroup_remove(&cg); return eng_fail(L, "clone failed"); }
   if (!(*ud = box_new(L, 1, pid, pair[0]))) {
     kill(pid, SIGKILL);
     close(pair[0]);
+    eng_sb_cgroup_remove(&cg);
     return eng_fail(L, "out of memory");
   }
+  (*ud)->cg = cg;
   /* The child builds its root meanwhile; it runs no command before it has
    * been moved into its cgroups (commands start only on our request). */
-  if (eng_sb_cgroup_create(&(*ud)->cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
-                           (long long)eng_sb_get_num(L, 1, "pids"), eng_sb_get_num(L, 1, "cpus"),
-                           err, sizeof err) < 0 ||
-      (eng_sb_cgroup_add(&(*ud)->cg, pid) < 0 &&
-       snprintf(err, sizeof err, "cannot join the sandbox cgroups (%s)", strerror(errno)))) {
+  if (eng_sb_cgroup_add(&(*ud)->cg, pid) < 0) {
+    snprintf(err, sizeof err, "cannot join the sandbox cgroups (%s)", strerror(errno));
     box_stop(*ud);
     return eng_fail(L, err);
   }

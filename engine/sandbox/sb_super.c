@@ -141,6 +141,10 @@ static int command_main(void *arg) {
   setsid();
   if (dup2(a->in[0], 0) < 0 || dup2(a->out[1], 1) < 0 || dup2(a->err[1], 2) < 0)
     _exit(127);
+  if (eng_sb_cmd_cgroup_fd >= 0 && write(eng_sb_cmd_cgroup_fd, "0", 1) != 1) {
+    dprintf(2, "engine: cannot join the sandbox memory limit: %s\n", strerror(errno));
+    _exit(126);
+  }
   close_range(3, ~0U, 0);
   int fd = open("/proc/self/oom_score_adj", O_WRONLY);
   if (fd >= 0) { (void)!write(fd, "0", 1); close(fd); }
@@ -388,6 +392,8 @@ static void reset_signals(int *sfd) {
   sigprocmask(SIG_SETMASK, &chld, NULL);
   *sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
 }
+
+int eng_sb_cmd_cgroup_fd = -1;
 
 void eng_sb_serve(int fd) {
   static char payload[SB_MAX_MSG + 1];
