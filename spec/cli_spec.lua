@@ -19,6 +19,24 @@ local function script(text)
   return path
 end
 
+-- Runs a script in the background and, for each {signal, wait_for} step,
+-- waits until its output shows wait_for, then sends signal. Returns the exit
+-- status and everything the script printed.
+local function signal_script(text, steps)
+  local path, out = script(text), os.tmpname()
+  local cmd = { string.format("%s run %s >%s 2>&1 & pid=$!", ENGINE, path, out) }
+  for _, step in ipairs(steps) do
+    cmd[#cmd + 1] = string.format("for i in $(seq 200); do grep -q '%s' %s && break; sleep 0.02; done",
+      step[2], out)
+    cmd[#cmd + 1] = "kill -" .. step[1] .. " $pid"
+  end
+  cmd[#cmd + 1] = "wait $pid"
+  local _, _, st = os.execute(table.concat(cmd, "; "))
+  local f = io.open(out); local printed = f:read("a"); f:close()
+  os.remove(out); os.remove(path)
+  return st, printed
+end
+
 describe("engine CLI", function()
   it("prints its version and help", function()
     local st, out = run("--version")
@@ -105,7 +123,7 @@ describe("engine CLI", function()
 
   for _, case in ipairs({ { "INT", 130 }, { "TERM", 143 } }) do
     it("SIG" .. case[1] .. " cancels every task, runs cleanups, exits " .. case[2], function()
-      local path = script([[
+      local st, text = signal_script([[
         local engine = require "engine"
         local other = engine.spawn(function()
           local _ <close> = setmetatable({}, { __close = function() print("other cleaned") end })
@@ -117,14 +135,7 @@ describe("engine CLI", function()
         end })
         print("ready"); io.stdout:flush()
         engine.sleep(60)
-      ]])
-      local out = os.tmpname()
-      local cmd = string.format("%s run %s >%s 2>&1 & pid=$!; " ..
-        "for i in $(seq 100); do grep -q ready %s && break; sleep 0.05; done; " ..
-        "kill -%s $pid; wait $pid", ENGINE, path, out, out, case[1])
-      local _, _, st = os.execute(cmd)
-      local f = io.open(out); local text = f:read("a"); f:close()
-      os.remove(out); os.remove(path)
+      ]], { { case[1], "ready" } })
       assert.equal(case[2], st)
       assert.matches("other cleaned", text)
       assert.matches("main cleaned", text)
@@ -132,7 +143,7 @@ describe("engine CLI", function()
   end
 
   it("a second Ctrl-C during cleanup does not skip it", function()
-    local path = script([[
+    local st, text = signal_script([[
       local engine = require "engine"
       local _ <close> = setmetatable({}, { __close = function()
         print("cleanup started"); io.stdout:flush()
@@ -141,17 +152,27 @@ describe("engine CLI", function()
       end })
       print("ready"); io.stdout:flush()
       engine.sleep(60)
-    ]])
-    local out = os.tmpname()
-    local cmd = string.format("%s run %s >%s 2>&1 & pid=$!; " ..
-      "for i in $(seq 100); do grep -q ready %s && break; sleep 0.05; done; " ..
-      "kill -INT $pid; for i in $(seq 100); do grep -q started %s && break; sleep 0.02; done; " ..
-      "kill -INT $pid; wait $pid", ENGINE, path, out, out, out)
-    local _, _, st = os.execute(cmd)
-    local f = io.open(out); local text = f:read("a"); f:close()
-    os.remove(out); os.remove(path)
+    ]], { { "INT", "ready" }, { "INT", "started" } })
     assert.equal(130, st)
     assert.matches("cleanup finished", text)
     assert.matches("interrupt again", text)
+  end)
+
+  it("a third Ctrl-C exits at once, without waiting for cleanup", function()
+    local t0 = engine.monotonic()
+    local st, text = signal_script([[
+      local engine = require "engine"
+      local _ <close> = setmetatable({}, { __close = function()
+        print("cleanup started"); io.stdout:flush()
+        engine.sleep(30)
+        print("cleanup finished")
+      end })
+      print("ready"); io.stdout:flush()
+      engine.sleep(60)
+    ]], { { "INT", "ready" }, { "INT", "started" }, { "INT", "interrupt again" } })
+    assert.equal(130, st)
+    assert.matches("exiting without cleanup", text)
+    assert.is_nil(text:find("cleanup finished"))
+    assert.is_true(engine.monotonic() - t0 < 20)
   end)
 end)

@@ -1,3 +1,4 @@
+local support = require "spec.support"
 local engine = require "engine"
 local envlib = require "engine.env"
 local runner = require "engine.runner"
@@ -39,18 +40,9 @@ local function fake_provider()
   return P
 end
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(trace.mkdirs(d))
-  return d
-end
+local tmpdir = support.tmpdir
 
-local function sink()
-  local buf = {}
-  return { write = function(self, ...) for _, s in ipairs({ ... }) do buf[#buf + 1] = tostring(s) end return self end,
-    flush = function() end, text = function() return table.concat(buf) end, setvbuf = function() end }
-end
+local sink = support.sink
 
 -- Runs runner.main with stdout and stderr captured -> code, stdout, stderr.
 local function run(env_table, args)

@@ -1,5 +1,6 @@
 -- engine.sandbox against hostile commands (run as root): nothing a sandbox
 -- does may affect the host, the engine, or another sandbox.
+local support = require "spec.support"
 local engine = require "engine"
 local sandbox = require "engine.sandbox"
 local core = require "engine.sandbox.core"
@@ -8,29 +9,13 @@ local core = require "engine.sandbox.core"
 -- another run's processes (the suite may run concurrently).
 local UNIQ = tostring(math.random(100000, 999999))
 
-local function sh(cmd)
-  local f = assert(io.popen(cmd))
-  local out = f:read("a")
-  f:close()
-  return out
-end
+local sh = support.sh
 
-local read_host = require("engine.trace").read_file
+local read_host = support.read_host
 
-local function write_host(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
+local write_host = support.write_host
 
-local function eventually(cond, seconds)
-  local deadline = engine.monotonic() + (seconds or 5)
-  while engine.monotonic() < deadline do
-    if cond() then return true end
-    engine.sleep(0.02)
-  end
-  return cond()
-end
+local eventually = support.eventually
 
 -- Runs a Python snippet that makes one raw syscall; returns "ret errno".
 local function syscall_py(nr, args)

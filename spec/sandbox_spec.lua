@@ -1,5 +1,6 @@
 -- engine.sandbox: the API, files (escapes included), streaming, limits,
 -- timeouts, cancellation, and that nothing is left after stop.
+local support = require "spec.support"
 local engine = require "engine"
 local sandbox = require "engine.sandbox"
 local core = require "engine.sandbox.core"
@@ -8,34 +9,17 @@ local core = require "engine.sandbox.core"
 -- another run's processes (the suite may run concurrently).
 local UNIQ = tostring(math.random(100000, 999999))
 
-local function sh(cmd)
-  local f = assert(io.popen(cmd))
-  local out = f:read("a")
-  f:close()
-  return out
-end
+local sh = support.sh
 
 local function host_tmpdir()
   return (sh("mktemp -d /tmp/sandbox-spec.XXXXXX"):gsub("%s+$", ""))
 end
 
-local read_host = require("engine.trace").read_file
+local read_host = support.read_host
 
-local function write_host(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
+local write_host = support.write_host
 
--- Waits until cond() is true (the kernel finishes teardown asynchronously).
-local function eventually(cond, seconds)
-  local deadline = engine.monotonic() + (seconds or 5)
-  while engine.monotonic() < deadline do
-    if cond() then return true end
-    engine.sleep(0.02)
-  end
-  return cond()
-end
+local eventually = support.eventually
 
 local function exists(path) return core.host_stat(path) ~= nil end
 

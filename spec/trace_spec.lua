@@ -1,12 +1,8 @@
+local support = require "spec.support"
 local trace = require "engine.trace"
 local json = require "engine.json"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(trace.mkdirs(d))
-  return d
-end
+local tmpdir = support.tmpdir
 
 local function rm_rf(d) os.execute("rm -rf '" .. d .. "'") end
 

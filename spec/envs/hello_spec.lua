@@ -2,6 +2,7 @@
 -- an idle agent solves none (the scorer really inspects the box), a pool
 -- keeps episodes clean, play mode works, and a run killed with SIGKILL
 -- resumes to the same episode count without duplicates.
+local support = require "spec.support"
 local engine = require "engine"
 local envlib = require "engine.env"
 local runner = require "engine.runner"
@@ -15,12 +16,7 @@ local HELLO = root .. "/envs/hello.lua"
 local have_sandbox, sandbox = pcall(require, "engine.sandbox")
 local engine_bin = proc.run("readlink /proc/$PPID/exe").stdout:gsub("%s+$", "")
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(trace.mkdirs(d))
-  return d
-end
+local tmpdir = support.tmpdir
 
 local function only_run(out)
   for name in lfs.dir(out) do

@@ -1,3 +1,4 @@
+local support = require "spec.support"
 local engine = require "engine"
 local runner = require "engine.runner"
 local trace = require "engine.trace"
@@ -29,18 +30,9 @@ local function tracking_provider(boxes)
   end }
 end
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(trace.mkdirs(d))
-  return d
-end
+local tmpdir = support.tmpdir
 
-local function sink()
-  local buf = {}
-  return { write = function(self, ...) for _, s in ipairs({ ... }) do buf[#buf + 1] = tostring(s) end return self end,
-    flush = function() end, text = function() return table.concat(buf) end, setvbuf = function() end }
-end
+local sink = support.sink
 
 -- Loads envs/seat.lua afresh and runs it -> code, stdout, stderr, run dir.
 local function run_seat(out, args)
