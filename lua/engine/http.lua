@@ -20,6 +20,8 @@
 -- Errors: "timeout", "connect: ...", "resolve: ...", "tls: ...",
 -- "connection: ...", "body too large", "closed". A status code is a result.
 -- Cancelling the task (or engine.sync.with_timeout) removes the transfer.
+-- Defaults: connect_timeout 30 s, idle_timeout 300 s (no byte for that long
+-- fails with "timeout"), no total timeout.
 local core = require "engine.http.core"
 local engine = require "engine"
 
@@ -43,6 +45,9 @@ local function prepare(req)
   if not out.method then out.method = req.body and "POST" or "GET" end
   out.method = out.method:upper()
   out.connect_timeout = out.connect_timeout or 30
+  -- A server that goes silent for this long fails the transfer with
+  -- "timeout" even when the caller set no total timeout: nothing hangs forever.
+  out.idle_timeout = out.idle_timeout or 300
   return out
 end
 
