@@ -8,6 +8,7 @@
  *   sb_super.c   pid 1 inside: starts commands, reaps, answers file ops
  *   sb_cgroup.c  cgroup v1/v2 limits and accounting
  *   sb_files.c   file objects and host-side helpers for copies
+ *   sb_zygote.c  clones pid 1, from a small helper forked once (the zygote)
  *
  * The engine and the supervisor talk over a SOCK_SEQPACKET socketpair: one
  * message = one sb_msg header plus an optional payload, and up to three
@@ -47,7 +48,8 @@ typedef struct sb_msg {
 } sb_msg;
 
 /* Everything the child needs to build its root; filled in by the engine
- * before clone() and read by the child from its own copy. */
+ * before clone() and read by the child from its own copy. A new field must
+ * also be copied by cfg_copy() in sb_zygote.c. */
 typedef struct sb_config {
   char id[64];
   char mnt[PATH_MAX];            /* where the child mounts its tmpfs */
@@ -91,6 +93,11 @@ int eng_sb_send(int fd, const sb_msg *m, const void *payload, size_t len,
                 const int *fds, int nfds);
 ssize_t eng_sb_recv(int fd, sb_msg *m, char *payload, size_t cap, int *fds,
                     int *nfds);
+
+/* sb_zygote.c: starts pid 1 from cfg (cmd_fd: the memory group commands
+ * join, -1 = none); returns its pid with *sock the engine's end of its
+ * socket and *pidfd a pidfd for it (both close-on-exec), or -1 with errno. */
+pid_t eng_sb_spawn(const sb_config *cfg, int cmd_fd, int *sock, int *pidfd);
 
 /* sb_cgroup.c */
 typedef struct sb_cgroup {

@@ -1,8 +1,9 @@
 /*
  * sb_core.c: the engine side of a local sandbox, `require "engine.sandbox.core"`.
  *
- * create() clones the supervisor into new namespaces (it runs sb_rootfs.c
- * then sb_super.c, never the Lua state), moves it into its cgroups, and
+ * create() has the supervisor cloned into new namespaces (sb_zygote.c; it
+ * runs sb_rootfs.c then sb_super.c, never the Lua state), moves it into its
+ * cgroups, and
  * returns an engine.SandboxCore. Requests go over a SOCK_SEQPACKET socket;
  * each one is a pending operation of the calling task with a timeout and a
  * cleanup, answered from the socket's libev watcher. Exit reports for
@@ -11,7 +12,8 @@
  * Teardown never blocks: stop() SIGKILLs pid 1 (the kernel then kills the
  * whole pid namespace, and the mount namespace with all its mounts dies
  * with its last process), fails what is pending with "closed", and marks
- * running commands killed. When libev reaps pid 1 the cgroups are removed
+ * running commands killed. When pid 1's pidfd reports its exit (it is the
+ * zygote's child, not ours, so no ev_child) the cgroups are removed
  * (retried on a timer while the kernel finishes) and the state file goes.
  * An atexit hook finishes the same work synchronously if the engine exits
  * first.
@@ -23,15 +25,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define BOX_MT "engine.SandboxCore"
@@ -63,10 +63,9 @@ typedef struct cmd {
 struct sbox {
   char id[64];
   pid_t pid;
-  int sock, state, has_ud, mem_limit, busy, retries;
+  int sock, pidfd, state, has_ud, mem_limit, busy, retries;
   uint32_t next_seq;
-  ev_io io;
-  ev_child child;
+  ev_io io, pidw;
   ev_timer retry;
   sb_cgroup cg;
   pending *pending;
@@ -431,11 +430,28 @@ static void try_clean(sbox *sb) {
   if (!sb->has_ud) box_free(sb);
 }
 
-static void child_cb(struct ev_loop *l, ev_child *w, int revents) {
-  sbox *sb = (sbox *)((char *)w - offsetof(sbox, child));
-  (void)revents;
-  ev_ref(l);
-  ev_child_stop(l, w);
+/* Stops watching pid 1 and closes its pidfd; idempotent. */
+static void pid_close(sbox *sb) {
+  if (sb->pidfd < 0) return;
+  ev_ref(eng_loop());
+  ev_io_stop(eng_loop(), &sb->pidw);
+  close(sb->pidfd);
+  sb->pidfd = -1;
+}
+
+/* Signals pid 1 through its pidfd, so a pid reused after pid 1 died (its
+ * parent, the zygote, reaps it at once) is never hit. */
+static int box_signal(sbox *sb, int sig) {
+  if (sb->pidfd >= 0) return (int)syscall(SYS_pidfd_send_signal, sb->pidfd, sig, NULL, 0);
+  errno = ESRCH;
+  return -1;
+}
+
+/* pid 1 has exited: read what it sent last, fail the rest, clean up. */
+static void pid_cb(struct ev_loop *l, ev_io *w, int revents) {
+  sbox *sb = (sbox *)((char *)w - offsetof(sbox, pidw));
+  (void)l; (void)revents;
+  pid_close(sb);
   drain(sb);
   lost(sb);
   sb->state = ST_DEAD;
@@ -445,7 +461,7 @@ static void child_cb(struct ev_loop *l, ev_child *w, int revents) {
 /* SIGKILLs pid 1 and fails everything pending; never blocks or raises. */
 static void box_stop(sbox *sb) {
   if (sb->state >= ST_STOPPING) return;
-  kill(sb->pid, SIGKILL);
+  box_signal(sb, SIGKILL);
   lost(sb);
 }
 
@@ -454,10 +470,12 @@ static void at_exit(void) {
   if (getpid() != engine_pid) return;
   for (sbox *sb = boxes; sb; sb = sb->next) {
     if (sb->state == ST_CLEAN) continue;
-    if (sb->state < ST_DEAD) {
-      kill(sb->pid, SIGKILL);
-      waitpid(sb->pid, NULL, 0);
+    if (sb->state < ST_DEAD && box_signal(sb, SIGKILL) == 0) {
+      struct pollfd pf = {sb->pidfd, POLLIN, 0};
+      poll(&pf, 1, 5000);           /* readable once pid 1 is gone */
     }
+    if (sb->pidfd >= 0) close(sb->pidfd);   /* the loop is done: no ev_io_stop */
+    sb->pidfd = -1;
     for (int i = 0; i < 300 && eng_sb_cgroup_remove(&sb->cg) < 0; i++) usleep(10000);
     finish_files(sb);
     sb->state = ST_CLEAN;
@@ -467,36 +485,13 @@ static void at_exit(void) {
 
 /* ---- create -------------------------------------------------------------- */
 
-static int child_cmd_fd = -1;  /* the memory group commands join (v1) */
-
-/* pid 1 of the sandbox: set up, report, serve. Never returns. */
-static int child_main(void *arg) {
-  int *pair = arg, fd;
-  char msg[512] = "";
-  close(pair[0]);
-  fd = dup2(pair[1], 3) < 0 ? pair[1] : 3;
-  if (child_cmd_fd >= 0 && dup2(child_cmd_fd, 4) == 4) eng_sb_cmd_cgroup_fd = 4;
-  close_range(0, 2, 0);
-  close_range(eng_sb_cmd_cgroup_fd == 4 ? 5 : 4, ~0U, 0);
-  setsid();                       /* a Ctrl-C for the engine is not for us */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  struct pollfd pf = {fd, 0, 0};
-  if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)) _exit(1);  /* engine gone */
-  for (int i = 0; i < 3; i++) if (open("/dev/null", O_RDWR) < 0) _exit(1);
-  int err = eng_sb_setup(&cfg, msg, sizeof msg);
-  sb_msg m = {SB_READY, 0, -err, 0, 0};
-  if (err && !*msg) snprintf(msg, sizeof msg, "sandbox setup failed");
-  eng_sb_send(fd, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
-  if (err) _exit(1);
-  eng_sb_serve(fd);
-}
-
-static sbox *box_new(lua_State *L, int t, pid_t pid, int sock) {
+static sbox *box_new(lua_State *L, int t, pid_t pid, int sock, int pidfd) {
   sbox *sb = calloc(1, sizeof *sb);
   if (!sb) return NULL;
   snprintf(sb->id, sizeof sb->id, "%s", cfg.id);
   sb->pid = pid;
   sb->sock = sock;
+  sb->pidfd = pidfd;
   sb->has_ud = 1;
   sb->mem_limit = eng_sb_get_num(L, t, "memory") > 0;
   eng_sb_get_str(L, t, "state_file", sb->state_file, sizeof sb->state_file);
@@ -504,8 +499,8 @@ static sbox *box_new(lua_State *L, int t, pid_t pid, int sock) {
   ev_io_init(&sb->io, io_cb, sock, EV_READ);
   ev_io_start(eng_loop(), &sb->io);
   ev_unref(eng_loop());
-  ev_child_init(&sb->child, child_cb, pid, 0);
-  ev_child_start(eng_loop(), &sb->child);
+  ev_io_init(&sb->pidw, pid_cb, pidfd, EV_READ);
+  ev_io_start(eng_loop(), &sb->pidw);
   ev_unref(eng_loop());
   sb->next = boxes;
   boxes = sb;
@@ -519,23 +514,15 @@ static sbox **push_box(lua_State *L) {
   return ud;
 }
 
-/* Clones pid 1 into its namespaces. */
-static pid_t spawn_child(int *pair) {
-  static char stack[256 * 1024] __attribute__((aligned(16)));
-  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
-              (cfg.net_none ? CLONE_NEWNET : 0) | SIGCHLD;
-  return clone(child_main, stack + sizeof stack, flags, pair);
-}
-
 /* Creates the box's cgroups before the clone, so pid 1 can hand commands
  * the memory group to join; returns 0 or -1 with err set. */
-static int make_cgroups(lua_State *L, sb_cgroup *cg, char *err, size_t errlen) {
+static int make_cgroups(lua_State *L, sb_cgroup *cg, int *cmd_fd, char *err, size_t errlen) {
   if (eng_sb_cgroup_create(cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
                            (long long)eng_sb_get_num(L, 1, "pids"),
                            eng_sb_get_num(L, 1, "cpus"), err, errlen) < 0)
     return -1;
-  child_cmd_fd = eng_sb_cgroup_cmd_fd(cg);
-  if (cg->v2 || child_cmd_fd >= 0) return 0;
+  *cmd_fd = eng_sb_cgroup_cmd_fd(cg);
+  if (cg->v2 || *cmd_fd >= 0) return 0;
   snprintf(err, errlen, "cannot open the sandbox memory group (%s)", strerror(errno));
   eng_sb_cgroup_remove(cg);
   return -1;
@@ -545,7 +532,7 @@ static int make_cgroups(lua_State *L, sb_cgroup *cg, char *err, size_t errlen) {
  * box:wait_ready() before anything else. */
 static int l_create(lua_State *L) {
   char err[256];
-  int pair[2];
+  int sock = -1, pidfd = -1, cmd_fd = -1;
   sb_cgroup cg;
   luaL_checktype(L, 1, LUA_TTABLE);
   const char *bad = eng_sb_read_config(L, 1, &cfg);
@@ -554,19 +541,14 @@ static int l_create(lua_State *L) {
   const char *mask = cfg.nhide ? NULL : eng_sb_mask_prepare();
   snprintf(cfg.mask, sizeof cfg.mask, "%s", mask ? mask : "");
   sbox **ud = push_box(L);
-  if (make_cgroups(L, &cg, err, sizeof err) < 0) return eng_fail(L, err);
-  pid_t pid = -1;
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) == 0) {
-    pid = spawn_child(pair);
-    close(pair[1]);
-    if (pid < 0) close(pair[0]);
-  }
-  if (child_cmd_fd >= 0) close(child_cmd_fd);
-  child_cmd_fd = -1;
+  if (make_cgroups(L, &cg, &cmd_fd, err, sizeof err) < 0) return eng_fail(L, err);
+  pid_t pid = eng_sb_spawn(&cfg, cmd_fd, &sock, &pidfd);
+  if (cmd_fd >= 0) close(cmd_fd);
   if (pid < 0) { eng_sb_cgroup_remove(&cg); return eng_fail(L, "clone failed"); }
-  if (!(*ud = box_new(L, 1, pid, pair[0]))) {
-    kill(pid, SIGKILL);
-    close(pair[0]);
+  if (!(*ud = box_new(L, 1, pid, sock, pidfd))) {
+    syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+    close(pidfd);
+    close(sock);
     eng_sb_cgroup_remove(&cg);
     return eng_fail(L, "out of memory");
   }
@@ -708,7 +690,7 @@ static int m_alive(lua_State *L) {
   sbox **ud = luaL_checkudata(L, 1, BOX_MT);
   sbox *sb = *ud;
   struct pollfd pf = {sb ? sb->sock : -1, 0, 0};
-  int up = sb && sb->state <= ST_READY && sb->sock >= 0 && kill(sb->pid, 0) == 0 &&
+  int up = sb && sb->state <= ST_READY && sb->sock >= 0 && box_signal(sb, 0) == 0 &&
            !(poll(&pf, 1, 0) > 0 && (pf.revents & (POLLHUP | POLLERR)));
   lua_pushboolean(L, up);
   return 1;
