@@ -5,22 +5,16 @@ local trace = require "engine.trace"
 local llm = require "engine.agents.llm"
 local server = require "spec.fixtures.http.server"
 
--- The real local sandbox; the bwrap host stand-in only where it cannot load.
-local has_sandbox, sandbox = pcall(require, "engine.sandbox")
+-- Every box is a real local sandbox.
+local sandbox = require "engine.sandbox"
 local function new_box()
-  if has_sandbox then return assert(sandbox.new{ image = "host", workdir = "/app" }) end
-  return require("spec.fixtures.http.host_sandbox").new{ tests = TASK_DIR .. "/tests" }
+  return assert(sandbox.new{ image = "host", workdir = "/app" })
 end
 
 local KEY = "sk-agent-SECRET-9137"
 local TASK_DIR = engine.root .. "/examples/tbench2/hello-file"
 
-local function read_file(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("engine.trace").read_file
 
 -- Scripted OpenAI responses.
 local n_calls = 0
@@ -110,7 +104,7 @@ describe("agent llm", function()
     assert.equal(4, r.turns)
     assert.same({ input_tokens = 400, output_tokens = 40, cost = 0, calls = 4 }, r.usage)
     -- the task's own verifier passes on what the agent left
-    if sb.upload then assert(sb:upload(TASK_DIR .. "/tests", "/tests")) end
+    assert(sb:upload(TASK_DIR .. "/tests", "/tests"))
     local v = sb:exec("bash /tests/test.sh", { timeout = 60 })
     assert.equal(0, v.code, v.stdout .. v.stderr)
     assert.equal("1\n", sb:read("/logs/verifier/reward.txt"))
