@@ -40,8 +40,12 @@ end
 describe("engine.sandbox", function()
   local sb
 
+  local function shared_box()
+    return assert(sandbox.new { workdir = "/app", env = { FOO = "bar" }, labels = { suite = "spec" } })
+  end
+
   setup(function()
-    sb = assert(sandbox.new { workdir = "/app", env = { FOO = "bar" }, labels = { suite = "spec" } })
+    sb = shared_box()
   end)
 
   teardown(function()
@@ -463,6 +467,55 @@ describe("engine.sandbox", function()
       collectgarbage()
       collectgarbage()
       assert.is_true(eventually(function() return gone(t) end))
+    end)
+
+    it("starts pid 1 inside the box's cgroups, and every command with it", function()
+      local b <close> = assert(sandbox.new { memory = "64M" })
+      local groups = b._box:info().cgroups
+      assert.is_true(#groups >= 1)
+      local pid1 = read_host("/proc/" .. b._box:info().pid .. "/cgroup")
+      local cmd = b:exec("cat /proc/self/cgroup").stdout
+      for _, dir in ipairs(groups) do
+        local rel = dir:match("/engine/.*$")
+        assert.truthy(pid1:find(rel, 1, true), rel .. " not in pid 1's " .. pid1)
+        assert.truthy(cmd:find(rel, 1, true), rel .. " not in a command's " .. cmd)
+      end
+    end)
+
+    it("clones pid 1 from the small zygote, not from the engine", function()
+      local pid = sb._box:info().pid
+      assert.equal("engine-zygote\n", read_host("/proc/" .. pid .. "/comm"))
+      local rss = tonumber(read_host("/proc/" .. pid .. "/status"):match("VmRSS:%s*(%d+)"))
+      assert.is_true(rss < 4096, "pid 1 resident " .. rss .. " KiB")
+    end)
+
+    it("starts the zygote again when it dies; its boxes die with it", function()
+      local b = assert(sandbox.new {})
+      local t = traces(b)
+      local zygote = tonumber(read_host("/proc/" .. t.pid .. "/stat"):match("%) %S+ (%d+)"))
+      assert.equal("engine-zygote\n", read_host("/proc/" .. zygote .. "/comm"))
+      core.kill(zygote, 9)
+      assert.is_true(eventually(function() return not b:alive() end))
+      assert.is_true(eventually(function() return gone(t) end))
+      b:stop()
+      local c <close> = assert(sandbox.new {})
+      assert.equal("ok\n", c:exec("echo ok").stdout)
+      local again = tonumber(read_host("/proc/" .. c._box:info().pid .. "/stat"):match("%) %S+ (%d+)"))
+      assert.is_not.equal(zygote, again)
+      assert.is_false(sb:alive())     -- the suite's box went with it
+      sb:stop()
+      sb = shared_box()
+    end)
+
+    it("names the zygote binary when it is missing, in one line", function()
+      local dir = host_tmpdir()
+      local exe = require("engine.archive").readlink("/proc/self/exe")
+      sh("cp " .. exe .. " " .. dir .. "/engine")
+      write_host(dir .. "/box.lua", 'local sb, err = require("engine.sandbox").new {} print(sb, err)')
+      local r = require("engine.proc").run({ dir .. "/engine", "run", dir .. "/box.lua" }, { timeout = 30 })
+      sh("rm -rf " .. dir)
+      assert.equal(0, r.code, r.stderr)
+      assert.equal("nil\tsandbox helper " .. dir .. "/engine-zygote: No such file or directory\n", r.stdout)
     end)
 
     it("keeps pid 1 out of the engine's session (a terminal's Ctrl-C is not for it)", function()

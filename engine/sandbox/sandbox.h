@@ -8,7 +8,8 @@
  *   sb_super.c   pid 1 inside: starts commands, reaps, answers file ops
  *   sb_cgroup.c  cgroup v1/v2 limits and accounting
  *   sb_files.c   file objects and host-side helpers for copies
- *   sb_zygote.c  clones pid 1, from a small helper forked once (the zygote)
+ *   sb_zygote.c  clones pid 1, from a small helper started once (the zygote,
+ *                the static binary engine-zygote built from these files)
  *
  * The engine and the supervisor talk over a SOCK_SEQPACKET socketpair: one
  * message = one sb_msg header plus an optional payload, and up to three
@@ -19,6 +20,7 @@
 #define ENGINE_SANDBOX_H
 
 #include <limits.h>
+#include <linux/filter.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -26,6 +28,7 @@
 #define SB_MAX_MSG 65536
 #define SB_MAX_LAYERS 32
 #define SB_MAX_EXTRA 32
+#define SB_MAX_BPF 1024
 
 enum sb_op {
   SB_READY = 1,   /* supervisor -> engine once set up: a = errno, payload msg */
@@ -65,7 +68,9 @@ typedef struct sb_config {
   int mount_ro[SB_MAX_EXTRA];
   int nmounts;
   char mask[PATH_MAX];           /* shared host mask, "" = build one */
-  void *bpf;                     /* struct sock_fprog, built once */
+  char procs[3][PATH_MAX];       /* cgroup.procs files pid 1 joins; "" unused */
+  struct sock_filter bpf[SB_MAX_BPF];  /* the seccomp program */
+  unsigned short bpf_len;
 } sb_config;
 
 /* sb_rootfs.c: runs in the child; returns 0 or an errno with msg set. */
@@ -74,7 +79,7 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen);
  * directories change; NULL if it cannot be built. */
 const char *eng_sb_mask_prepare(void);
 /* Builds the seccomp program once per engine; NULL on failure. */
-void *eng_sb_seccomp_prog(void);
+const struct sock_fprog *eng_sb_seccomp_prog(void);
 
 /* rm -r of name relative to dirfd, never following symlinks; 0 or -1. */
 int eng_sb_remove_tree(int dirfd, const char *name);
@@ -83,10 +88,6 @@ void eng_sb_mask_cleanup(void);
 
 /* sb_super.c: serves requests on fd until the engine goes away. */
 void eng_sb_serve(int fd) __attribute__((noreturn));
-/* Where each command moves itself before exec ("0" to a memory group's
- * cgroup.procs, opened by the engine), or -1: pid 1 stays outside the
- * memory limit, so an OOM kill can only pick a command, never pid 1. */
-extern int eng_sb_cmd_cgroup_fd;
 
 /* Send/receive one message with up to 3 fds. Return -1 on error. */
 int eng_sb_send(int fd, const sb_msg *m, const void *payload, size_t len,
@@ -94,10 +95,13 @@ int eng_sb_send(int fd, const sb_msg *m, const void *payload, size_t len,
 ssize_t eng_sb_recv(int fd, sb_msg *m, char *payload, size_t cap, int *fds,
                     int *nfds);
 
-/* sb_zygote.c: starts pid 1 from cfg (cmd_fd: the memory group commands
- * join, -1 = none); returns its pid with *sock the engine's end of its
- * socket and *pidfd a pidfd for it (both close-on-exec), or -1 with errno. */
-pid_t eng_sb_spawn(const sb_config *cfg, int cmd_fd, int *sock, int *pidfd);
+/* sb_zygote.c: starts pid 1 from cfg; returns its pid with *sock the
+ * engine's end of its socket and *pidfd a pidfd for it (both close-on-exec),
+ * or -1 with err set (one line). */
+pid_t eng_sb_spawn(const sb_config *cfg, int *sock, int *pidfd, char *err, size_t errlen);
+/* The zygote helper's loop (engine/zygote/main.c): fd its socket, cfg_fd
+ * the shared request area, engine the pid it must die with. */
+void eng_sb_zygote_main(int fd, int cfg_fd, pid_t engine) __attribute__((noreturn));
 
 /* sb_cgroup.c */
 typedef struct sb_cgroup {
@@ -107,8 +111,8 @@ typedef struct sb_cgroup {
 
 int eng_sb_cgroup_create(sb_cgroup *cg, const char *id, long long memory,
                          long long pids, double cpus, char *err, size_t errlen);
-int eng_sb_cgroup_add(const sb_cgroup *cg, pid_t pid);
-int eng_sb_cgroup_cmd_fd(const sb_cgroup *cg);  /* -1 where pid 1 joins memory too */
+/* The cgroup.procs file of each group pid 1 must join; "" where unused. */
+void eng_sb_cgroup_procs(const sb_cgroup *cg, char (*out)[PATH_MAX]);
 int eng_sb_cgroup_remove(sb_cgroup *cg);        /* 0 when all are gone */
 long long eng_sb_cgroup_oom_kills(const sb_cgroup *cg);
 long long eng_sb_cgroup_memory(const sb_cgroup *cg);

@@ -3,14 +3,14 @@
  *
  * cgroup v2 is used when the unified hierarchy at /sys/fs/cgroup has the
  * memory controller; otherwise v1 (one directory per controller). Each
- * sandbox gets <root>/engine/<id>; the supervisor (and so everything in
- * the sandbox) is moved there right after clone(), before any command can
- * start. Under v1 the supervisor stays out of the memory group: each
- * command joins it itself before exec (eng_sb_cgroup_cmd_fd), so an OOM
- * kill inside the limit can only choose a command, never pid 1 (whose
- * resident size is the engine's, shared copy-on-write, and which cannot
- * always be shielded with oom_score_adj: that needs CAP_SYS_RESOURCE). Memory and pids groups always exist (accounting for `engine ps`,
- * a fork bomb ceiling); cpu only when `cpus` is set.
+ * sandbox gets <root>/engine/<id>; the supervisor joins them itself as it
+ * starts (sb_zygote.c), before any command can run, so every command is
+ * born inside. The supervisor is a clone of the small static helper
+ * engine-zygote (a few hundred KiB resident), so an OOM kill inside the
+ * limit picks a command, not pid 1, even where oom_score_adj cannot be
+ * lowered (that needs CAP_SYS_RESOURCE). Memory and pids groups always
+ * exist (accounting for `engine ps`, a fork bomb ceiling); cpu only when
+ * `cpus` is set.
  */
 #include "sandbox.h"
 
@@ -119,21 +119,11 @@ fail:
   return -1;
 }
 
-int eng_sb_cgroup_add(const sb_cgroup *cg, pid_t pid) {
-  char v[32];
-  snprintf(v, sizeof v, "%d", (int)pid);
-  for (int i = cg->v2 ? 0 : 1; i < 3; i++)
-    if (*cg->path[i] && write_file(cg->path[i], "cgroup.procs", v) < 0) return -1;
-  return 0;
-}
-
-/* An fd on the v1 memory group's cgroup.procs for commands to join
- * themselves by; under v2 (one group for all) -1 and pid 1 joins it. */
-int eng_sb_cgroup_cmd_fd(const sb_cgroup *cg) {
-  char path[PATH_MAX + 32];
-  if (cg->v2 || !*cg->path[0]) return -1;
-  snprintf(path, sizeof path, "%s/cgroup.procs", cg->path[0]);
-  return open(path, O_WRONLY | O_CLOEXEC);
+void eng_sb_cgroup_procs(const sb_cgroup *cg, char (*out)[PATH_MAX]) {
+  for (int i = 0; i < 3; i++) {
+    out[i][0] = 0;
+    if (*cg->path[i]) snprintf(out[i], PATH_MAX, "%.*s/cgroup.procs", PATH_MAX - 16, cg->path[i]);
+  }
 }
 
 /* Removes what it can; 0 when every group is gone (EBUSY while the

@@ -514,37 +514,33 @@ static sbox **push_box(lua_State *L) {
   return ud;
 }
 
-/* Creates the box's cgroups before the clone, so pid 1 can hand commands
- * the memory group to join; returns 0 or -1 with err set. */
-static int make_cgroups(lua_State *L, sb_cgroup *cg, int *cmd_fd, char *err, size_t errlen) {
-  if (eng_sb_cgroup_create(cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
-                           (long long)eng_sb_get_num(L, 1, "pids"),
-                           eng_sb_get_num(L, 1, "cpus"), err, errlen) < 0)
-    return -1;
-  *cmd_fd = eng_sb_cgroup_cmd_fd(cg);
-  if (cg->v2 || *cmd_fd >= 0) return 0;
-  snprintf(err, errlen, "cannot open the sandbox memory group (%s)", strerror(errno));
-  eng_sb_cgroup_remove(cg);
-  return -1;
-}
-
 /* core.create(config) -> box | nil, err. The box is starting: call
- * box:wait_ready() before anything else. */
+ * box:wait_ready() before anything else. Its cgroups exist before the
+ * clone; pid 1 joins them itself before it reports ready. */
 static int l_create(lua_State *L) {
   char err[256];
-  int sock = -1, pidfd = -1, cmd_fd = -1;
+  int sock = -1, pidfd = -1;
   sb_cgroup cg;
   luaL_checktype(L, 1, LUA_TTABLE);
   const char *bad = eng_sb_read_config(L, 1, &cfg);
   if (bad) return eng_fail(L, bad);
-  if (!(cfg.bpf = eng_sb_seccomp_prog())) return eng_fail(L, "cannot build the seccomp filter");
+  const struct sock_fprog *prog = eng_sb_seccomp_prog();
+  if (!prog || prog->len > SB_MAX_BPF) return eng_fail(L, "cannot build the seccomp filter");
+  memcpy(cfg.bpf, prog->filter, prog->len * sizeof *prog->filter);
+  cfg.bpf_len = prog->len;
   const char *mask = cfg.nhide ? NULL : eng_sb_mask_prepare();
   snprintf(cfg.mask, sizeof cfg.mask, "%s", mask ? mask : "");
   sbox **ud = push_box(L);
-  if (make_cgroups(L, &cg, &cmd_fd, err, sizeof err) < 0) return eng_fail(L, err);
-  pid_t pid = eng_sb_spawn(&cfg, cmd_fd, &sock, &pidfd);
-  if (cmd_fd >= 0) close(cmd_fd);
-  if (pid < 0) { eng_sb_cgroup_remove(&cg); return eng_fail(L, "clone failed"); }
+  if (eng_sb_cgroup_create(&cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
+                           (long long)eng_sb_get_num(L, 1, "pids"),
+                           eng_sb_get_num(L, 1, "cpus"), err, sizeof err) < 0)
+    return eng_fail(L, err);
+  eng_sb_cgroup_procs(&cg, cfg.procs);
+  pid_t pid = eng_sb_spawn(&cfg, &sock, &pidfd, err, sizeof err);
+  if (pid < 0) {
+    eng_sb_cgroup_remove(&cg);
+    return eng_fail(L, err);
+  }
   if (!(*ud = box_new(L, 1, pid, sock, pidfd))) {
     syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
     close(pidfd);
@@ -553,13 +549,6 @@ static int l_create(lua_State *L) {
     return eng_fail(L, "out of memory");
   }
   (*ud)->cg = cg;
-  /* The child builds its root meanwhile; it runs no command before it has
-   * been moved into its cgroups (commands start only on our request). */
-  if (eng_sb_cgroup_add(&(*ud)->cg, pid) < 0) {
-    snprintf(err, sizeof err, "cannot join the sandbox cgroups (%s)", strerror(errno));
-    box_stop(*ud);
-    return eng_fail(L, err);
-  }
   return 1;
 }
 

@@ -1,6 +1,6 @@
 /*
  * sb_rootfs.c: what the cloned child does before it serves, while it is
- * still a fully privileged copy of the engine inside fresh mount, pid, uts,
+ * still a fully privileged clone of the zygote inside fresh mount, pid, uts,
  * ipc (and net) namespaces. Every mount it makes lives in its own mount
  * namespace, so the host holds none of them and they vanish with the
  * namespace's last process.
@@ -475,12 +475,13 @@ static int drop_caps(void) {
 }
 
 static int lock_down(const sb_config *cfg) {
+  struct sock_fprog prog = {cfg->bpf_len, (struct sock_filter *)cfg->bpf};
   int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (fd >= 0) { (void)!write(fd, "-1000", 5); close(fd); }
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 || drop_caps() < 0 ||
       prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     return -1;
-  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, cfg->bpf, 0, 0);
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
 }
 
 /* ---- entry ------------------------------------------------------------------ */
@@ -540,7 +541,7 @@ static int add_rules(scmp_filter_ctx ctx) {
 }
 
 /* Exports the filter as a BPF program (built once, copied into each child). */
-void *eng_sb_seccomp_prog(void) {
+const struct sock_fprog *eng_sb_seccomp_prog(void) {
   static struct sock_fprog prog;
   scmp_filter_ctx ctx;
   int fd;

@@ -1,11 +1,11 @@
 /*
  * sb_super.c: the supervisor, pid 1 of the sandbox's pid namespace.
  *
- * It is the cloned copy of the engine, locked down by sb_rootfs.c; it never
- * touches the Lua state. It waits on the engine's socket and a signalfd for
+ * It is a clone of the zygote (the static helper engine-zygote), locked
+ * down by sb_rootfs.c. It waits on the engine's socket and a signalfd for
  * SIGCHLD, and nothing else:
- *   - START forks a command (vfork-style, so its cost does not grow with the
- *     engine's memory) in its own session, and hands the engine the
+ *   - START forks a command (vfork-style: no page tables to copy) in its
+ *     own session, already inside the sandbox's cgroups, and hands the engine the
  *     command's stdin/stdout/stderr pipes; EXIT follows when it is reaped.
  *   - KILL signals a command's process group.
  *   - OPEN/MKDIR/REMOVE/LIST/STAT run here, inside the sandbox's root, so a
@@ -141,10 +141,6 @@ static int command_main(void *arg) {
   setsid();
   if (dup2(a->in[0], 0) < 0 || dup2(a->out[1], 1) < 0 || dup2(a->err[1], 2) < 0)
     _exit(127);
-  if (eng_sb_cmd_cgroup_fd >= 0 && write(eng_sb_cmd_cgroup_fd, "0", 1) != 1) {
-    dprintf(2, "engine: cannot join the sandbox memory limit: %s\n", strerror(errno));
-    _exit(126);
-  }
   close_range(3, ~0U, 0);
   int fd = open("/proc/self/oom_score_adj", O_WRONLY);
   if (fd >= 0) { (void)!write(fd, "0", 1); close(fd); }
@@ -392,8 +388,6 @@ static void reset_signals(int *sfd) {
   sigprocmask(SIG_SETMASK, &chld, NULL);
   *sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
 }
-
-int eng_sb_cmd_cgroup_fd = -1;
 
 void eng_sb_serve(int fd) {
   static char payload[SB_MAX_MSG + 1];

@@ -1,21 +1,26 @@
 /*
  * sb_zygote.c: starts pid 1 of each sandbox (the supervisor, sb_super.c).
  *
- * clone() copies the caller's page tables, so cloning the engine itself
- * costs more the larger its heap grows. Instead, at the first sandbox the
- * engine forks a small helper, the zygote, whose memory stays what the
- * engine's was then; it clones every later supervisor on request.
+ * clone() copies the caller's page tables, and the new process inherits its
+ * resident size, so pid 1 is never cloned from the engine (hundreds of
+ * mappings, a heap that grows). At the first sandbox the engine starts the
+ * zygote: the static binary engine-zygote next to it (engine/zygote/main.c,
+ * built from this file, sb_super.c and sb_rootfs.c), a dozen mappings and a
+ * few hundred KiB. It clones every supervisor on request, so creating and
+ * tearing down a box costs the same at any engine size, and an OOM kill in
+ * a box's memory group never prefers pid 1 for its size.
  *
- * One request at a time: the engine copies the config into a MAP_SHARED
- * page area made before the fork, sends one message over a SOCK_SEQPACKET
- * socketpair with the supervisor's socket end and the memory group fd, and
- * waits (blocking, as the clone it replaces did) for the reply: the pid
- * with a pidfd (CLONE_PIDFD), or -errno.
+ * One request at a time: the engine copies the config into a shared memfd
+ * mapping, sends one message over a SOCK_SEQPACKET socketpair with the
+ * supervisor's socket end, and waits (blocking, as a clone would) for the
+ * reply: the pid with a pidfd (CLONE_PIDFD), or -errno. The supervisor
+ * joins its cgroups itself before setting up, so the engine never blocks on
+ * a cgroup move (each costs an RCU grace period under cgroup v1).
  *
  * Lifetimes: the zygote dies with the engine (PR_SET_PDEATHSIG), and each
  * supervisor with the zygote. The zygote reaps its children (SA_NOCLDWAIT),
- * so the engine watches a supervisor through its pidfd, not ev_child. If the
- * zygote cannot start or dies, the engine clones directly, as before.
+ * so the engine watches a supervisor through its pidfd, not ev_child. A
+ * zygote that dies or hangs (5 s) is killed and started again.
  */
 #include "sandbox.h"
 
@@ -25,6 +30,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -37,56 +43,78 @@
 
 #define ZYGOTE_SPAWN 1
 #define REPLY_TIMEOUT_MS 5000
-#define GONE (-2)              /* the zygote is gone: try again directly */
+#define GONE (-2)              /* the zygote is gone: start it again */
 
 typedef struct spawn_arg {
   const sb_config *cfg;
-  int sock, cmd_fd;
+  int sock;
 } spawn_arg;
 
 static struct {
-  pid_t pid;                   /* 0 = never started */
-  int sock;                    /* the engine's end; -1 = none (gone) */
+  pid_t pid;                   /* 0 = not running */
+  int sock;                    /* the engine's end; -1 = none */
   uint32_t seq;
-  sb_config *cfg;              /* MAP_SHARED: the request's config */
-} z = {0, -1, 0, NULL};
+  sb_config *cfg;              /* MAP_SHARED memfd: the request's config */
+  int cfg_fd;
+} z = {0, -1, 0, NULL, -1};
 
-/* ---- the supervisor's first steps (in the clone, either parent) ------------ */
+/* ---- the supervisor's first steps (in the clone) --------------------------- */
 
-/* pid 1 of the sandbox: fd 3 is its socket, fd 4 the memory group (if any),
- * nothing else is open, the shared request area is unmapped; set up, report,
- * serve. Never returns. */
+/* Moves the calling process into each cgroup.procs listed; 0 or -1. */
+static int join_cgroups(const sb_config *cfg) {
+  for (int i = 0; i < 3; i++) {
+    if (!*cfg->procs[i]) continue;
+    int fd = open(cfg->procs[i], O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = write(fd, "0", 1);
+    close(fd);
+    if (n != 1) return -1;
+  }
+  return 0;
+}
+
+/* Reports setup: READY with errno and a message (empty on success). */
+static void report_ready(int err, char *msg, size_t len) {
+  sb_msg m = {SB_READY, 0, -err, 0, 0};
+  if (err && !*msg) snprintf(msg, len, "sandbox setup failed");
+  eng_sb_send(3, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
+}
+
+/* pid 1 of the sandbox: fd 3 is its socket, nothing else is open, the shared
+ * request area is unmapped; join the cgroups, set up, report, serve. */
 static int child_main(void *arg) {
   spawn_arg *a = arg;
   char msg[512] = "";
+  int err = 0;
   /* The engine writes the next request there: no supervisor, which runs
    * code the sandbox can influence, may keep a way to change it. */
   if (z.cfg) munmap(z.cfg, sizeof *z.cfg);
   int sock = fcntl(a->sock, F_DUPFD, 10);
-  int cmd = a->cmd_fd >= 0 ? fcntl(a->cmd_fd, F_DUPFD, 10) : -1;
   if (sock < 0 || dup2(sock, 3) != 3) _exit(1);
-  if (cmd >= 0 && dup2(cmd, 4) == 4) eng_sb_cmd_cgroup_fd = 4;
   close_range(0, 2, 0);
-  close_range(eng_sb_cmd_cgroup_fd == 4 ? 5 : 4, ~0U, 0);
+  close_range(4, ~0U, 0);
   signal(SIGCHLD, SIG_DFL);       /* the zygote ignores it; setup may wait */
   setsid();                       /* a Ctrl-C for the engine is not for us */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   struct pollfd pf = {3, 0, 0};
   if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)) _exit(1);  /* engine gone */
   for (int i = 0; i < 3; i++) if (open("/dev/null", O_RDWR) < 0) _exit(1);
-  int err = eng_sb_setup(a->cfg, msg, sizeof msg);
-  sb_msg m = {SB_READY, 0, -err, 0, 0};
-  if (err && !*msg) snprintf(msg, sizeof msg, "sandbox setup failed");
-  eng_sb_send(3, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
+  if (join_cgroups(a->cfg) < 0) {
+    err = errno;
+    snprintf(msg, sizeof msg, "cannot join the sandbox cgroups (%s)", strerror(err));
+  } else {
+    err = eng_sb_setup(a->cfg, msg, sizeof msg);
+  }
+  report_ready(err, msg, sizeof msg);
   if (err) _exit(1);
   eng_sb_serve(3);
 }
 
 /* Clones pid 1 into its namespaces; the child works from its own copy of
  * cfg. Returns the pid with *pidfd set (close-on-exec), or -1. */
-static pid_t clone_child(const sb_config *cfg, int sock, int cmd_fd, int *pidfd) {
+static pid_t clone_child(const sb_config *cfg, int sock, int *pidfd) {
   static char stack[256 * 1024] __attribute__((aligned(16)));
-  spawn_arg a = {cfg, sock, cmd_fd};
+  spawn_arg a = {cfg, sock};
   int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
               (cfg->net_none ? CLONE_NEWNET : 0) | CLONE_PIDFD | SIGCHLD;
   *pidfd = -1;
@@ -102,7 +130,7 @@ static void copy_str(char *d, const char *s, size_t cap) {
 }
 
 /* Copies what eng_sb_setup reads: the scalars and the used entries only
- * (the struct is ~0.5 MB of mostly unused PATH_MAX arrays). Keep in step
+ * (the struct is ~0.6 MB of mostly unused PATH_MAX arrays). Keep in step
  * with sb_config. */
 static void cfg_copy(sb_config *d, const sb_config *s) {
   copy_str(d->id, s->id, sizeof d->id);
@@ -120,9 +148,11 @@ static void cfg_copy(sb_config *d, const sb_config *s) {
     copy_str(d->mount_dst[i], s->mount_dst[i], PATH_MAX);
     d->mount_ro[i] = s->mount_ro[i];
   }
+  for (int i = 0; i < 3; i++) copy_str(d->procs[i], s->procs[i], PATH_MAX);
   d->disk = s->disk;
   d->net_none = s->net_none;
-  d->bpf = s->bpf;             /* the zygote inherited the engine's program */
+  d->bpf_len = s->bpf_len < SB_MAX_BPF ? s->bpf_len : SB_MAX_BPF;
+  memcpy(d->bpf, s->bpf, d->bpf_len * sizeof *d->bpf);
 }
 
 /* ---- the zygote ---------------------------------------------------------------- */
@@ -136,7 +166,7 @@ static void zygote_serve(int fd, const sb_msg *m, int *fds, int nfds) {
   int pidfd = -1;
   if (m->op == ZYGOTE_SPAWN && nfds >= 1) {
     cfg_copy(&cfg, z.cfg);
-    pid_t pid = clone_child(&cfg, fds[0], nfds > 1 ? fds[1] : -1, &pidfd);
+    pid_t pid = clone_child(&cfg, fds[0], &pidfd);
     r.a = pid < 0 ? -errno : pid;
   }
   for (int i = 0; i < nfds; i++) close(fds[i]);
@@ -144,14 +174,13 @@ static void zygote_serve(int fd, const sb_msg *m, int *fds, int nfds) {
   if (pidfd >= 0) close(pidfd);
 }
 
-/* Detaches from the engine's session, signals and descriptors (keeping fd),
- * and dies with the engine, even one that died before the prctl. */
+/* Detaches from the engine's session and signals, keeps only fd, and dies
+ * with the engine, even one that died before the prctl. */
 static void zygote_init(int fd, pid_t engine) {
   struct sigaction sa = {.sa_handler = SIG_IGN, .sa_flags = SA_NOCLDWAIT};
   sigset_t none;
   setsid();                         /* a Ctrl-C for the engine is not for us */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != engine) _exit(0);
-  prctl(PR_SET_NAME, "engine-zygote");
   for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
   sigemptyset(&sa.sa_mask);
   sigaction(SIGCHLD, &sa, NULL);    /* supervisors are reaped by the kernel */
@@ -161,12 +190,12 @@ static void zygote_init(int fd, pid_t engine) {
   close_range((unsigned)fd + 1, ~0U, 0);
 }
 
-/* The zygote's loop: one request, one reply, until the engine's end closes.
- * Uses no malloc and no stdio (it was forked from a process with threads). */
-static void zygote_main(int fd, pid_t engine) __attribute__((noreturn));
-static void zygote_main(int fd, pid_t engine) {
+/* The zygote's loop: one request, one reply, until the engine's end closes. */
+void eng_sb_zygote_main(int fd, int cfg_fd, pid_t engine) {
   sb_msg m;
   int fds[3], nfds;
+  z.cfg = mmap(NULL, sizeof *z.cfg, PROT_READ, MAP_SHARED, cfg_fd, 0);
+  if (z.cfg == MAP_FAILED) _exit(1);
   zygote_init(fd, engine);
   for (;;) {
     struct pollfd pf = {fd, POLLIN, 0};
@@ -179,21 +208,67 @@ static void zygote_main(int fd, pid_t engine) {
 
 /* ---- the engine's side ------------------------------------------------------------ */
 
-/* Forks the zygote, once per engine; on failure z.sock stays -1 and every
- * sandbox is cloned directly. */
-static void zygote_start(void) {
+/* engine-zygote in the engine's own directory; "" if /proc/self/exe fails. */
+static const char *helper_path(void) {
+  static char path[PATH_MAX];
+  if (*path) return path;
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
+  if (n <= 0) return path;
+  path[n] = 0;
+  char *slash = strrchr(path, '/');
+  snprintf(slash ? slash + 1 : path, 32, "engine-zygote");
+  return path;
+}
+
+/* The shared request area, made once per engine; 0 or -1. */
+static int request_area(void) {
+  if (z.cfg) return 0;
+  z.cfg_fd = memfd_create("engine-sandbox-config", MFD_CLOEXEC);
+  if (z.cfg_fd < 0 || ftruncate(z.cfg_fd, sizeof *z.cfg) < 0) return -1;
+  void *p = mmap(NULL, sizeof *z.cfg, PROT_READ | PROT_WRITE, MAP_SHARED, z.cfg_fd, 0);
+  if (p == MAP_FAILED) return -1;
+  z.cfg = p;
+  return 0;
+}
+
+/* In the forked child: the socket on fd 3, the request area on fd 4, then
+ * exec the helper. Async-signal-safe calls only (the engine has threads). */
+static void exec_helper(const char *path, int sock, const char *engine) __attribute__((noreturn));
+static void exec_helper(const char *path, int sock, const char *engine) {
+  int s = fcntl(sock, F_DUPFD, 10), c = fcntl(z.cfg_fd, F_DUPFD, 10);
+  char *argv[] = {"engine-zygote", (char *)engine, NULL}, *envp[] = {NULL};
+  if (s < 0 || c < 0 || dup2(s, 3) != 3 || dup2(c, 4) != 4) _exit(127);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  execve(path, argv, envp);
+  _exit(127);
+}
+
+/* Starts the zygote; 0, or -1 with err set. */
+static int zygote_start(char *err, size_t errlen) {
+  const char *path = helper_path();
+  char engine[16];
   int sv[2];
-  pid_t engine = getpid();
-  z.pid = -1;
-  z.cfg = mmap(NULL, sizeof *z.cfg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (z.cfg == MAP_FAILED) { z.cfg = NULL; return; }
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return;
+  if (access(path, X_OK) < 0) {
+    snprintf(err, errlen, "sandbox helper %s: %s", path, strerror(errno));
+    return -1;
+  }
+  snprintf(engine, sizeof engine, "%d", (int)getpid());
+  if (request_area() < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+    snprintf(err, errlen, "cannot start the sandbox helper (%s)", strerror(errno));
+    return -1;
+  }
   pid_t pid = fork();
-  if (pid == 0) zygote_main(sv[1], engine);
+  if (pid == 0) exec_helper(path, sv[1], engine);
+  int e = errno;
   close(sv[1]);
-  if (pid < 0) { close(sv[0]); return; }
+  if (pid < 0) {
+    close(sv[0]);
+    snprintf(err, errlen, "cannot start the sandbox helper (%s)", strerror(e));
+    return -1;
+  }
   z.pid = pid;
   z.sock = sv[0];
+  return 0;
 }
 
 /* Gives up on the zygote: SIGKILL takes with it any supervisor it cloned for
@@ -202,6 +277,7 @@ static pid_t zygote_lost(void) {
   if (z.pid > 0) kill(z.pid, SIGKILL);
   if (z.sock >= 0) close(z.sock);
   z.sock = -1;
+  z.pid = 0;
   return GONE;
 }
 
@@ -219,12 +295,11 @@ static int zygote_reply(uint32_t seq, sb_msg *r, int *fds, int *nfds) {
 /* Has the zygote clone pid 1: its pid with *pidfd set, -1 with errno (the
  * clone failed), or GONE (nothing it may have started outlives this call
  * for long: the supervisor socket's engine end is closed by the caller). */
-static pid_t zygote_spawn(const sb_config *cfg, int sock, int cmd_fd, int *pidfd) {
-  int fds[3] = {sock, cmd_fd, -1}, nfds;
+static pid_t zygote_spawn(const sb_config *cfg, int sock, int *pidfd) {
+  int fds[3] = {sock, -1, -1}, nfds;
   sb_msg m = {ZYGOTE_SPAWN, ++z.seq, 0, 0, 0}, r;
   cfg_copy(z.cfg, cfg);
-  if (eng_sb_send(z.sock, &m, NULL, 0, fds, cmd_fd >= 0 ? 2 : 1) < 0 ||
-      zygote_reply(m.seq, &r, fds, &nfds) < 0)
+  if (eng_sb_send(z.sock, &m, NULL, 0, fds, 1) < 0 || zygote_reply(m.seq, &r, fds, &nfds) < 0)
     return zygote_lost();
   if (r.a < 0) {
     for (int i = 0; i < nfds; i++) close(fds[i]);
@@ -239,18 +314,22 @@ static pid_t zygote_spawn(const sb_config *cfg, int sock, int cmd_fd, int *pidfd
   return r.a;
 }
 
-pid_t eng_sb_spawn(const sb_config *cfg, int cmd_fd, int *sock, int *pidfd) {
-  if (z.pid == 0) zygote_start();
-  for (;;) {
-    int pair[2], err;
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) return -1;
-    pid_t pid = z.sock >= 0 ? zygote_spawn(cfg, pair[1], cmd_fd, pidfd)
-                            : clone_child(cfg, pair[1], cmd_fd, pidfd);
-    err = errno;
+/* Starts the zygote when none runs; a zygote found gone is started again
+ * once per call (one that keeps dying is an error, not a loop). */
+pid_t eng_sb_spawn(const sb_config *cfg, int *sock, int *pidfd, char *err, size_t errlen) {
+  for (int tries = 0; tries < 2; tries++) {
+    int pair[2];
+    if (z.sock < 0 && zygote_start(err, errlen) < 0) return -1;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) break;
+    pid_t pid = zygote_spawn(cfg, pair[1], pidfd);
+    int e = errno;
     close(pair[1]);
     if (pid >= 0) { *sock = pair[0]; return pid; }
     close(pair[0]);
-    errno = err;
-    if (pid != GONE) return -1;
+    errno = e;
+    if (pid != GONE) break;
+    errno = ECHILD;
   }
+  snprintf(err, errlen, "cannot start the sandbox (%s)", strerror(errno));
+  return -1;
 }
