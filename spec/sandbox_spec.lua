@@ -202,6 +202,32 @@ describe("engine.sandbox", function()
       assert.equal(sh("tail -n +3 /proc/net/dev | wc -l"), h.stdout)
     end)
 
+    it("gives each box a network namespace of its own, lo up, even when made ahead of time", function()
+      local seen = { [sh("readlink /proc/self/ns/net")] = "host" }
+      local boxes = {}
+      for i = 1, 4 do
+        boxes[i] = assert(sandbox.new {})
+        if i % 2 == 0 then engine.sleep(0.05) end    -- let the zygote make a spare
+        local ns = boxes[i]:exec("readlink /proc/self/ns/net").stdout
+        assert.is_nil(seen[ns], "box " .. i .. " shares a network namespace with " .. tostring(seen[ns]))
+        seen[ns] = i
+        local flags = boxes[i]:exec("python3 -c \"import socket, fcntl, struct; s = socket.socket(); " ..
+          "print(struct.unpack('16sH', fcntl.ioctl(s, 0x8913, struct.pack('16sH', b'lo', 0)))[1] & 1)\"").stdout
+        assert.equal("1\n", flags, "lo is not up in box " .. i)
+      end
+      local port = 20000 + math.random(0, 9999)
+      local srv = assert(boxes[1]:spawn({ "python3", "-c", "import socket; s = socket.socket(); " ..
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', " .. port ..
+        ")); s.listen(); print('up', flush=True); s.accept()" }))
+      local first
+      for l in srv:lines() do first = l break end
+      assert.equal("up", first)
+      local probe = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', " .. port .. "), 2)\""
+      assert.equal(0, boxes[1]:exec(probe).code)
+      for i = 2, 4 do assert.is_not.equal(0, boxes[i]:exec(probe).code, "box " .. i .. " reached box 1") end
+      for i = 1, 4 do boxes[i]:stop() end
+    end)
+
     it("uses a rootfs directory as the image", function()
       local dir = host_tmpdir()
       local r = dir .. "/rootfs"

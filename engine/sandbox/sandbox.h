@@ -50,6 +50,14 @@ typedef struct sb_msg {
   int64_t c;
 } sb_msg;
 
+typedef struct sb_cgroup {
+  char path[3][PATH_MAX];        /* memory, pids, cpu dirs; "" if unused */
+  char id[64];                   /* the groups' name under each parent */
+  long long memory, pids;        /* limits: bytes (0 = none), processes */
+  double cpus;                   /* 0 = no quota */
+  int v2;
+} sb_cgroup;
+
 /* Everything the child needs to build its root; filled in by the engine
  * before clone() and read by the child from its own copy. A new field must
  * also be copied by cfg_copy() in sb_zygote.c. */
@@ -68,7 +76,7 @@ typedef struct sb_config {
   int mount_ro[SB_MAX_EXTRA];
   int nmounts;
   char mask[PATH_MAX];           /* shared host mask, "" = build one */
-  char procs[3][PATH_MAX];       /* cgroup.procs files pid 1 joins; "" unused */
+  sb_cgroup cg;                  /* the groups pid 1 makes and joins */
   struct sock_filter bpf[SB_MAX_BPF];  /* the seccomp program */
   unsigned short bpf_len;
 } sb_config;
@@ -78,6 +86,8 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen);
 /* The engine's shared host mask layer, (re)built when the host's top
  * directories change; NULL if it cannot be built. */
 const char *eng_sb_mask_prepare(void);
+/* Brings lo up in the caller's network namespace (no-op if up); 0 or -1. */
+int eng_sb_loopback_up(void);
 /* Builds the seccomp program once per engine; NULL on failure. */
 const struct sock_fprog *eng_sb_seccomp_prog(void);
 
@@ -103,16 +113,15 @@ pid_t eng_sb_spawn(const sb_config *cfg, int *sock, int *pidfd, char *err, size_
  * the shared request area, engine the pid it must die with. */
 void eng_sb_zygote_main(int fd, int cfg_fd, pid_t engine) __attribute__((noreturn));
 
-/* sb_cgroup.c */
-typedef struct sb_cgroup {
-  char path[3][PATH_MAX];        /* memory, pids, cpu dirs; "" if unused */
-  int v2;
-} sb_cgroup;
-
-int eng_sb_cgroup_create(sb_cgroup *cg, const char *id, long long memory,
-                         long long pids, double cpus, char *err, size_t errlen);
-/* The cgroup.procs file of each group pid 1 must join; "" where unused. */
-void eng_sb_cgroup_procs(const sb_cgroup *cg, char (*out)[PATH_MAX]);
+/* sb_cgroup.c (the sb_cgroup type is above sb_config) */
+/* Fills in the box's group paths and limits and makes their parents; the
+ * groups themselves are made by pid 1's helper. 0, or -1 with err set. */
+int eng_sb_cgroup_plan(sb_cgroup *cg, const char *id, long long memory,
+                       long long pids, double cpus, char *err, size_t errlen);
+/* In pid 1's helper: makes the groups under dirs (their parents, opened
+ * before pid 1 left the host's root; -1 = unused), sets the limits, then
+ * moves pid (as the writer's pid namespace sees it) into all. 0 or -1. */
+int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs, const char *pid);
 int eng_sb_cgroup_remove(sb_cgroup *cg);        /* 0 when all are gone */
 long long eng_sb_cgroup_oom_kills(const sb_cgroup *cg);
 long long eng_sb_cgroup_memory(const sb_cgroup *cg);

@@ -66,12 +66,6 @@ const char *eng_sb_cgroup_base(int which) {
   return bases[which];
 }
 
-static int make_group(char *out, const char *base, const char *id) {
-  if (mkdir(base, 0755) < 0 && errno != EEXIST) return -1;
-  snprintf(out, PATH_MAX, "%s/%s", base, id);
-  return mkdir(out, 0755) < 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* Under v2, lets engine/<id> use the controllers (root and engine/). */
 static void v2_delegate(void) {
   static int done;
@@ -80,50 +74,68 @@ static void v2_delegate(void) {
   write_file(V2_ROOT "/engine", "cgroup.subtree_control", "+memory +pids +cpu");
 }
 
-static int set_limits(sb_cgroup *cg, long long memory, long long pids, double cpus) {
-  char v[64];
-  int v2 = cg->v2;
-  if (memory > 0) {
-    snprintf(v, sizeof v, "%lld", memory);
-    if (write_file(cg->path[0], v2 ? "memory.max" : "memory.limit_in_bytes", v) < 0) return -1;
-    if (v2) write_file(cg->path[0], "memory.swap.max", "0");
-  }
-  snprintf(v, sizeof v, "%lld", pids > 0 ? pids : 4096);
-  if (write_file(cg->path[v2 ? 0 : 1], "pids.max", v) < 0) return -1;
-  if (cpus <= 0) return 0;
-  if (v2) {
-    snprintf(v, sizeof v, "%lld 100000", (long long)(cpus * 100000));
-    return write_file(cg->path[0], "cpu.max", v);
-  }
-  snprintf(v, sizeof v, "%lld", (long long)(cpus * 100000));
-  if (write_file(cg->path[2], "cpu.cfs_period_us", "100000") < 0) return -1;
-  return write_file(cg->path[2], "cpu.cfs_quota_us", v);
-}
-
-int eng_sb_cgroup_create(sb_cgroup *cg, const char *id, long long memory,
-                         long long pids, double cpus, char *err, size_t errlen) {
+int eng_sb_cgroup_plan(sb_cgroup *cg, const char *id, long long memory,
+                       long long pids, double cpus, char *err, size_t errlen) {
   int n = detect() == 2 ? 1 : (cpus > 0 ? 3 : 2);
   memset(cg, 0, sizeof *cg);
   cg->v2 = mode == 2;
-  if (cg->v2) {
-    if (mkdir(V2_ROOT "/engine", 0755) < 0 && errno != EEXIST) goto fail;
-    v2_delegate();
+  snprintf(cg->id, sizeof cg->id, "%s", id);
+  cg->memory = memory;
+  cg->pids = pids > 0 ? pids : 4096;
+  cg->cpus = cpus;
+  for (int i = 0; i < n; i++) {
+    const char *base = eng_sb_cgroup_base(i);
+    if (mkdir(base, 0755) < 0 && errno != EEXIST) {
+      snprintf(err, errlen, "cannot set up cgroups: %s: %s", base, strerror(errno));
+      return -1;
+    }
+    snprintf(cg->path[i], PATH_MAX, "%s/%s", base, id);
   }
-  for (int i = 0; i < n; i++)
-    if (make_group(cg->path[i], eng_sb_cgroup_base(i), id) < 0) goto fail;
-  if (set_limits(cg, memory, pids, cpus) < 0) goto fail;
+  if (cg->v2) v2_delegate();
   return 0;
-fail:
-  snprintf(err, errlen, "cannot set up cgroups (%s)", strerror(errno));
-  eng_sb_cgroup_remove(cg);
-  return -1;
 }
 
-void eng_sb_cgroup_procs(const sb_cgroup *cg, char (*out)[PATH_MAX]) {
-  for (int i = 0; i < 3; i++) {
-    out[i][0] = 0;
-    if (*cg->path[i]) snprintf(out[i], PATH_MAX, "%.*s/cgroup.procs", PATH_MAX - 16, cg->path[i]);
+/* ---- in pid 1's helper (engine-zygote) ------------------------------------- */
+
+/* Writes value to <id>/file under the group's parent directory dir. */
+static int write_at(int dir, const sb_cgroup *cg, const char *file, const char *value) {
+  char rel[128];
+  snprintf(rel, sizeof rel, "%s/%s", cg->id, file);
+  int fd = openat(dir, rel, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = write(fd, value, strlen(value));
+  close(fd);
+  return n < 0 ? -1 : 0;
+}
+
+/* dirs: the parents of memory, pids, cpu (-1 unused; one dir under v2). */
+static int set_limits(const sb_cgroup *cg, const int *dirs) {
+  char v[64];
+  int v2 = cg->v2;
+  if (cg->memory > 0) {
+    snprintf(v, sizeof v, "%lld", cg->memory);
+    if (write_at(dirs[0], cg, v2 ? "memory.max" : "memory.limit_in_bytes", v) < 0) return -1;
+    if (v2) write_at(dirs[0], cg, "memory.swap.max", "0");
   }
+  snprintf(v, sizeof v, "%lld", cg->pids);
+  if (write_at(dirs[v2 ? 0 : 1], cg, "pids.max", v) < 0) return -1;
+  if (cg->cpus <= 0) return 0;
+  if (v2) {
+    snprintf(v, sizeof v, "%lld 100000", (long long)(cg->cpus * 100000));
+    return write_at(dirs[0], cg, "cpu.max", v);
+  }
+  snprintf(v, sizeof v, "%lld", (long long)(cg->cpus * 100000));
+  if (write_at(dirs[2], cg, "cpu.cfs_period_us", "100000") < 0) return -1;
+  return write_at(dirs[2], cg, "cpu.cfs_quota_us", v);
+}
+
+int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs, const char *pid) {
+  for (int i = 0; i < 3; i++)
+    if (dirs[i] >= 0 && mkdirat(dirs[i], cg->id, 0755) < 0 && errno != EEXIST) return -1;
+  if (set_limits(cg, dirs) < 0) return -1;
+  for (int i = 0; i < 3; i++)
+    if (dirs[i] >= 0 && write_at(dirs[i], cg, "cgroup.procs", pid) < 0) return -1;
+  return 0;
 }
 
 /* Removes what it can; 0 when every group is gone (EBUSY while the

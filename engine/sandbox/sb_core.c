@@ -515,8 +515,9 @@ static sbox **push_box(lua_State *L) {
 }
 
 /* core.create(config) -> box | nil, err. The box is starting: call
- * box:wait_ready() before anything else. Its cgroups exist before the
- * clone; pid 1 joins them itself before it reports ready. */
+ * box:wait_ready() before anything else. pid 1 makes its cgroups and
+ * joins them before it reports ready (a helper does it while pid 1 builds
+ * the root), so the engine never waits on a cgroup move. */
 static int l_create(lua_State *L) {
   char err[256];
   int sock = -1, pidfd = -1;
@@ -531,11 +532,11 @@ static int l_create(lua_State *L) {
   const char *mask = cfg.nhide ? NULL : eng_sb_mask_prepare();
   snprintf(cfg.mask, sizeof cfg.mask, "%s", mask ? mask : "");
   sbox **ud = push_box(L);
-  if (eng_sb_cgroup_create(&cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
+  if (eng_sb_cgroup_plan(&cg, cfg.id, (long long)eng_sb_get_num(L, 1, "memory"),
                            (long long)eng_sb_get_num(L, 1, "pids"),
                            eng_sb_get_num(L, 1, "cpus"), err, sizeof err) < 0)
     return eng_fail(L, err);
-  eng_sb_cgroup_procs(&cg, cfg.procs);
+  cfg.cg = cg;
   pid_t pid = eng_sb_spawn(&cfg, &sock, &pidfd, err, sizeof err);
   if (pid < 0) {
     eng_sb_cgroup_remove(&cg);

@@ -440,15 +440,18 @@ static int clone_trees(const sb_config *cfg, int *trees) {
   return 0;
 }
 
-static int loopback_up(void) {
+int eng_sb_loopback_up(void) {
   struct ifreq ifr;
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), rc = -1;
   if (s < 0) return -1;
   memset(&ifr, 0, sizeof ifr);
   snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
   if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
-    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
-    rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+    rc = 0;
+    if (!(ifr.ifr_flags & IFF_UP)) {   /* a spare namespace comes up already */
+      ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+      rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
   }
   close(s);
   return rc;
@@ -502,7 +505,7 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
     FAIL(msg, msglen, "cannot create workdir %s", cfg->workdir);
   if (attach_mounts(cfg, trees) < 0) FAIL(msg, msglen, "cannot attach a bind mount");
   if (sethostname(cfg->id, strlen(cfg->id)) < 0) FAIL(msg, msglen, "cannot set the hostname");
-  if (cfg->net_none && loopback_up() < 0) FAIL(msg, msglen, "cannot bring lo up");
+  if (cfg->net_none && eng_sb_loopback_up() < 0) FAIL(msg, msglen, "cannot bring lo up");
   if (lock_down(cfg) < 0) FAIL(msg, msglen, "cannot drop privileges");
   umask(022);
   return 0;
