@@ -495,16 +495,28 @@ describe("engine.sandbox", function()
       assert.is_true(eventually(function() return gone(t) end))
     end)
 
-    it("starts pid 1 inside the box's cgroups, and every command with it", function()
-      local b <close> = assert(sandbox.new { memory = "64M" })
-      local groups = b._box:info().cgroups
-      assert.is_true(#groups >= 1)
-      local pid1 = read_host("/proc/" .. b._box:info().pid .. "/cgroup")
-      local cmd = b:exec("cat /proc/self/cgroup").stdout
-      for _, dir in ipairs(groups) do
-        local rel = dir:match("/engine/.*$")
-        assert.truthy(pid1:find(rel, 1, true), rel .. " not in pid 1's " .. pid1)
-        assert.truthy(cmd:find(rel, 1, true), rel .. " not in a command's " .. cmd)
+    it("starts pid 1 inside the box's cgroups with its limits, and every command with it", function()
+      -- network none without cpus: born in the zygote's spare groups (sbz-...);
+      -- with cpus or the host network: its own groups (sb-...), joined alongside setup
+      for _, case in ipairs({ { spec = {}, spare = true }, { spec = { cpus = 0.5 } },
+                              { spec = { network = "host" } } }) do
+        engine.sleep(0.1)   -- time for the zygote to have its spare ready
+        case.spec.memory, case.spec.pids = "64M", 50
+        local b <close> = assert(sandbox.new(case.spec))
+        local groups = b._box:info().cgroups
+        assert.is_true(#groups >= 2)
+        local pid1 = read_host("/proc/" .. b._box:info().pid .. "/cgroup")
+        local cmd = b:exec("cat /proc/self/cgroup").stdout
+        for _, dir in ipairs(groups) do
+          local rel = dir:match("/engine/.*$")
+          assert.equal(case.spare and "sbz" or "sb-", rel:match("/engine/(sb.)"), rel)
+          assert.truthy(pid1:find(rel, 1, true), rel .. " not in pid 1's " .. pid1)
+          assert.truthy(cmd:find(rel, 1, true), rel .. " not in a command's " .. cmd)
+          local mem = read_host(dir .. "/memory.limit_in_bytes") or read_host(dir .. "/memory.max")
+          if mem then assert.equal(tostring(64 << 20) .. "\n", mem) end
+          local pids = read_host(dir .. "/pids.max")
+          if pids then assert.equal("50\n", pids) end
+        end
       end
     end)
 
@@ -675,6 +687,17 @@ describe("engine.sandbox", function()
       local line = p:read()
       local pa, pb = line:match("(%d+) (%d+)")
       assert.is_not_nil(pa)
+      local spares = {}     -- the zygote's unused spare groups (sb_spare.c)
+      local function spare_groups()
+        local found = {}
+        for _, base in ipairs(core.cgroup_bases()) do
+          for _, name in ipairs(core.host_list(base) or {}) do
+            if name:match("^sbz%-" .. p.pid .. "%-") then found[#found + 1] = base .. "/" .. name end
+          end
+        end
+        return found
+      end
+      assert.is_true(eventually(function() spares = spare_groups() return #spares > 0 end))
       local ps = sh(env .. exe .. " ps")
       assert.matches("role=victim", ps)
       assert.equal(3, select(2, ps:gsub("\n", "")))
@@ -699,6 +722,7 @@ describe("engine.sandbox", function()
         for _, cg in ipairs(rec.cgroups) do assert.is_false(exists(cg)) end
       end
       assert.same({ "mnt" }, core.host_list(state .. "/sandboxes"))
+      assert.same({}, spare_groups())
       local again = sh(env .. exe .. " gc")
       for _, rec in ipairs(recs) do assert.is_nil(again:find(rec.id, 1, true)) end
       p:close()

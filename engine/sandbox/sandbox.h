@@ -1,15 +1,17 @@
 /*
- * sandbox.h: what the three halves of the local sandbox share.
+ * sandbox.h: what the parts of the local sandbox share.
  *
- *   sb_core.c    the engine side: clone, cgroups, the request socket, the
- *                Lua module engine.sandbox.core
+ *   sb_core.c    the engine side: boxes, the request socket, the Lua module
+ *                engine.sandbox.core
+ *   sb_zygote.c  the zygote: the static helper engine-zygote the engine
+ *                starts once, which clones every pid 1 (and its engine side)
+ *   sb_spare.c   the zygote's spare: the start of the next box made ahead
+ *   sb_child.c   pid 1's first steps after the clone
  *   sb_rootfs.c  the child side before it serves: mounts, pivot_root,
  *                hostname, lo, capabilities, seccomp
  *   sb_super.c   pid 1 inside: starts commands, reaps, answers file ops
  *   sb_cgroup.c  cgroup v1/v2 limits and accounting
  *   sb_files.c   file objects and host-side helpers for copies
- *   sb_zygote.c  clones pid 1, from a small helper started once (the zygote,
- *                the static binary engine-zygote built from these files)
  *
  * The engine and the supervisor talk over a SOCK_SEQPACKET socketpair: one
  * message = one sb_msg header plus an optional payload, and up to three
@@ -60,7 +62,7 @@ typedef struct sb_cgroup {
 
 /* Everything the child needs to build its root; filled in by the engine
  * before clone() and read by the child from its own copy. A new field must
- * also be copied by cfg_copy() in sb_zygote.c. */
+ * also be copied by eng_sb_cfg_copy() in sb_child.c. */
 typedef struct sb_config {
   char id[64];
   char mnt[PATH_MAX];            /* where the child mounts its tmpfs */
@@ -105,10 +107,31 @@ int eng_sb_send(int fd, const sb_msg *m, const void *payload, size_t len,
 ssize_t eng_sb_recv(int fd, sb_msg *m, char *payload, size_t cap, int *fds,
                     int *nfds);
 
+/* sb_child.c: pid 1's first steps (in engine-zygote). */
+extern sb_config *eng_sb_request;    /* the shared request area, or NULL */
+void eng_sb_cfg_copy(sb_config *d, const sb_config *s);
+/* Clones pid 1 from cfg (its own copy) with sock as its socket. in_spare:
+ * the caller is a spare (sb_spare.c), inside the box's cgroups and network
+ * namespace already; pid 1 becomes the caller's sibling. Returns the pid
+ * with *pidfd set, or -1. */
+pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int in_spare, int *pidfd);
+
+/* sb_spare.c (in the zygote): a pre-made start of a box. */
+void eng_sb_spare_make(pid_t engine);  /* forks one unless one exists */
+int eng_sb_spare_fd(void);             /* to poll for its reports, or -1 */
+void eng_sb_spare_event(void);         /* call when that fd is readable */
+/* Has the ready spare clone pid 1 for cfg: its pid with *pidfd and the
+ * cgroup name (name, len) set; 0 when the spare cannot serve cfg (the
+ * caller clones as usual); -1 with errno when it failed. */
+pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name, size_t len);
+
 /* sb_zygote.c: starts pid 1 from cfg; returns its pid with *sock the
  * engine's end of its socket and *pidfd a pidfd for it (both close-on-exec),
  * or -1 with err set (one line). */
-pid_t eng_sb_spawn(const sb_config *cfg, int *sock, int *pidfd, char *err, size_t errlen);
+pid_t eng_sb_spawn(const sb_config *cfg, int *sock, int *pidfd, char *cgname,
+                  size_t cgnamelen, char *err, size_t errlen);
+/* At the engine's exit: stops the zygote and removes its spare's groups. */
+void eng_sb_zygote_stop(void);
 /* The zygote helper's loop (engine/zygote/main.c): fd its socket, cfg_fd
  * the shared request area, engine the pid it must die with. */
 void eng_sb_zygote_main(int fd, int cfg_fd, pid_t engine) __attribute__((noreturn));
@@ -122,6 +145,13 @@ int eng_sb_cgroup_plan(sb_cgroup *cg, const char *id, long long memory,
  * before pid 1 left the host's root; -1 = unused), sets the limits, then
  * moves pid (as the writer's pid namespace sees it) into all. 0 or -1. */
 int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs, const char *pid);
+/* Opens the groups' parent directories (O_PATH; -1 where unused); 0 or -1. */
+int eng_sb_cgroup_dirs(const sb_cgroup *cg, int *dirs);
+/* Writes cg's limits into the groups under dirs; 0 or -1. */
+int eng_sb_cgroup_limit(const sb_cgroup *cg, const int *dirs);
+/* At the engine's exit: removes the unused spare groups of its zygotes
+ * (sbz-<engine>-*), waiting up to a second for their spare to be gone. */
+void eng_sb_cgroup_sweep_spares(pid_t engine);
 int eng_sb_cgroup_remove(sb_cgroup *cg);        /* 0 when all are gone */
 long long eng_sb_cgroup_oom_kills(const sb_cgroup *cg);
 long long eng_sb_cgroup_memory(const sb_cgroup *cg);

@@ -14,6 +14,7 @@
  */
 #include "sandbox.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -108,8 +109,22 @@ static int write_at(int dir, const sb_cgroup *cg, const char *file, const char *
   return n < 0 ? -1 : 0;
 }
 
-/* dirs: the parents of memory, pids, cpu (-1 unused; one dir under v2). */
-static int set_limits(const sb_cgroup *cg, const int *dirs) {
+int eng_sb_cgroup_dirs(const sb_cgroup *cg, int *dirs) {
+  char dir[PATH_MAX];
+  for (int i = 0; i < 3; i++) {
+    dirs[i] = -1;
+    snprintf(dir, sizeof dir, "%s", cg->path[i]);
+    char *slash = strrchr(dir, '/');
+    if (!slash) continue;
+    *slash = 0;
+    if ((dirs[i] = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0) continue;
+    while (i-- > 0) if (dirs[i] >= 0) close(dirs[i]);
+    return -1;
+  }
+  return 0;
+}
+
+int eng_sb_cgroup_limit(const sb_cgroup *cg, const int *dirs) {
   char v[64];
   int v2 = cg->v2;
   if (cg->memory > 0) {
@@ -132,10 +147,26 @@ static int set_limits(const sb_cgroup *cg, const int *dirs) {
 int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs, const char *pid) {
   for (int i = 0; i < 3; i++)
     if (dirs[i] >= 0 && mkdirat(dirs[i], cg->id, 0755) < 0 && errno != EEXIST) return -1;
-  if (set_limits(cg, dirs) < 0) return -1;
+  if (eng_sb_cgroup_limit(cg, dirs) < 0) return -1;
   for (int i = 0; i < 3; i++)
     if (dirs[i] >= 0 && write_at(dirs[i], cg, "cgroup.procs", pid) < 0) return -1;
   return 0;
+}
+
+void eng_sb_cgroup_sweep_spares(pid_t engine) {
+  char prefix[32], path[PATH_MAX + 300];
+  int n = snprintf(prefix, sizeof prefix, "sbz-%d-", (int)engine);
+  for (int i = 0; i < (detect() == 2 ? 1 : 3); i++) {
+    DIR *d = opendir(eng_sb_cgroup_base(i));
+    struct dirent *e;
+    if (!d) continue;
+    while ((e = readdir(d))) {
+      if (strncmp(e->d_name, prefix, (size_t)n)) continue;
+      snprintf(path, sizeof path, "%s/%s", eng_sb_cgroup_base(i), e->d_name);
+      for (int t = 0; t < 100 && rmdir(path) < 0 && errno == EBUSY; t++) usleep(10000);
+    }
+    closedir(d);
+  }
 }
 
 /* Removes what it can; 0 when every group is gone (EBUSY while the

@@ -480,6 +480,7 @@ static void at_exit(void) {
     finish_files(sb);
     sb->state = ST_CLEAN;
   }
+  eng_sb_zygote_stop();
   eng_sb_mask_cleanup();
 }
 
@@ -514,10 +515,17 @@ static sbox **push_box(lua_State *L) {
   return ud;
 }
 
+/* pid 1 came from the zygote's spare, in the spare's groups (sb_spare.c). */
+static void use_spare_groups(sb_cgroup *cg, const char *name) {
+  snprintf(cg->id, sizeof cg->id, "%s", name);
+  for (int i = 0; i < 3; i++)
+    if (*cg->path[i]) snprintf(cg->path[i], PATH_MAX, "%s/%s", eng_sb_cgroup_base(i), name);
+}
+
 /* core.create(config) -> box | nil, err. The box is starting: call
- * box:wait_ready() before anything else. pid 1 makes its cgroups and
- * joins them before it reports ready (a helper does it while pid 1 builds
- * the root), so the engine never waits on a cgroup move. */
+ * box:wait_ready() before anything else. pid 1 is born in its cgroups
+ * (the zygote's spare) or joins them before it reports ready (a helper does
+ * it while pid 1 builds the root): the engine never waits on a cgroup move. */
 static int l_create(lua_State *L) {
   char err[256];
   int sock = -1, pidfd = -1;
@@ -537,11 +545,13 @@ static int l_create(lua_State *L) {
                            eng_sb_get_num(L, 1, "cpus"), err, sizeof err) < 0)
     return eng_fail(L, err);
   cfg.cg = cg;
-  pid_t pid = eng_sb_spawn(&cfg, &sock, &pidfd, err, sizeof err);
+  char spare[64];
+  pid_t pid = eng_sb_spawn(&cfg, &sock, &pidfd, spare, sizeof spare, err, sizeof err);
   if (pid < 0) {
     eng_sb_cgroup_remove(&cg);
     return eng_fail(L, err);
   }
+  if (*spare) use_spare_groups(&cg, spare);
   if (!(*ud = box_new(L, 1, pid, sock, pidfd))) {
     syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
     close(pidfd);

@@ -567,14 +567,22 @@ local function sweep_record(rec)
   return ok
 end
 
--- Empty engine/<id> groups with no state file, older than a minute (a
--- sandbox being created right now has its group before its state file).
+-- An empty group gc may remove: engine/<id> with no state file, older than
+-- a minute (a sandbox being created right now has its group before its
+-- state file), or a zygote's unused spare (sbz-<engine>-<zygote>-<n>, see
+-- sb_spare.c) whose engine is gone.
+local function orphan_group(name, known, age)
+  local owner = name:match("^sbz%-(%d+)%-%d+%-%d+$")
+  if owner then return not engine_alive(tonumber(owner)) end
+  return name:match("^sb%-%x+$") and known[name] ~= true and age > 60
+end
+
 local function sweep_orphans(known, now, removed)
   for _, base in ipairs(core.cgroup_bases()) do
     for _, name in ipairs(core.host_list(base) or {}) do
       local path = base .. "/" .. name
       local t, _, _, mtime = core.host_stat(path)
-      if name:match("^sb%-%x+$") and t == "d" and known[name] ~= true and now - (mtime or now) > 60 and
+      if t == "d" and orphan_group(name, known, now - (mtime or now)) and
          (read_file(path .. "/cgroup.procs") or "x") == "" and os.remove(path) and not known[name] then
         removed[#removed + 1] = name
         known[name] = "orphan"

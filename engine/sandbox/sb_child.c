@@ -1,0 +1,147 @@
+/*
+ * sb_child.c: pid 1's first steps, in a clone of the zygote (engine-zygote)
+ * or of its spare (sb_spare.c), before it serves as the supervisor.
+ *
+ * pid 1 starts with its socket as the only descriptor it keeps, unmaps the
+ * shared request area (it runs code the sandbox can influence: it must keep
+ * no way to change the next request), joins its cgroups unless a spare
+ * already put it there, builds the root (sb_rootfs.c), reports READY and
+ * serves (sb_super.c).
+ */
+#include "sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+
+sb_config *eng_sb_request;
+
+typedef struct spawn_arg {
+  const sb_config *cfg;
+  int sock;
+  int in_groups;               /* cloned by a spare: cgroups joined already */
+} spawn_arg;
+
+/* Forks a helper that makes pid 1's cgroups, sets their limits and moves
+ * pid 1 into them while pid 1 builds the root (under cgroup v1 a move can
+ * wait out an RCU grace period). The helper works from the groups' parent
+ * directories, opened here before pid 1 leaves the host's root. Returns
+ * its pid, or -1. */
+static pid_t cgroup_helper(const sb_cgroup *cg) {
+  int dirs[3];
+  if (eng_sb_cgroup_dirs(cg, dirs) < 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) _exit(eng_sb_cgroup_enter(cg, dirs, "1") < 0 ? (errno ? errno & 0xff : EIO) : 0);
+  for (int i = 0; i < 3; i++) if (dirs[i] >= 0) close(dirs[i]);
+  return pid;
+}
+
+/* Waits for the cgroup helper; 0 or an errno. */
+static int cgroup_helper_wait(pid_t helper) {
+  int st;
+  while (waitpid(helper, &st, 0) < 0) if (errno != EINTR) return errno;
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  return EINTR;
+}
+
+/* Reports setup: READY with errno and a message (empty on success). */
+static void report_ready(int err, char *msg, size_t len) {
+  sb_msg m = {SB_READY, 0, -err, 0, 0};
+  if (err && !*msg) snprintf(msg, len, "sandbox setup failed");
+  eng_sb_send(3, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
+}
+
+/* Sets up, with the cgroup helper alongside unless in_groups; 0 or errno. */
+static int set_up(const sb_config *cfg, int in_groups, char *msg, size_t len) {
+  pid_t helper = in_groups ? 0 : cgroup_helper(&cfg->cg);
+  int err = helper < 0 ? errno : eng_sb_setup(cfg, msg, len);
+  if (!err && helper > 0) err = cgroup_helper_wait(helper);
+  if (err && !*msg) snprintf(msg, len, "cannot set up the sandbox cgroups (%s)", strerror(err));
+  return err;
+}
+
+/* pid 1 of the sandbox: fd 3 is its socket, nothing else is open. */
+static int child_main(void *arg) {
+  spawn_arg *a = arg;
+  char msg[512] = "";
+  if (eng_sb_request) munmap(eng_sb_request, sizeof *eng_sb_request);
+  int sock = fcntl(a->sock, F_DUPFD, 10);
+  if (sock < 0 || dup2(sock, 3) != 3) _exit(1);
+  close_range(0, 2, 0);
+  close_range(4, ~0U, 0);
+  signal(SIGCHLD, SIG_DFL);       /* the zygote ignores it; setup may wait */
+  setsid();                       /* a Ctrl-C for the engine is not for us */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  struct pollfd pf = {3, 0, 0};
+  if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)) _exit(1);  /* engine gone */
+  for (int i = 0; i < 3; i++) if (open("/dev/null", O_RDWR) < 0) _exit(1);
+  int err = set_up(a->cfg, a->in_groups, msg, sizeof msg);
+  report_ready(err, msg, sizeof msg);
+  if (err) _exit(1);
+  eng_sb_serve(3);
+}
+
+pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int in_spare, int *pidfd) {
+  static char stack[256 * 1024] __attribute__((aligned(16)));
+  spawn_arg a = {cfg, sock, in_spare};
+  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_PIDFD | SIGCHLD;
+  if (in_spare) flags |= CLONE_PARENT;   /* the zygote's child, like the others */
+  else if (cfg->net_none) flags |= CLONE_NEWNET;
+  *pidfd = -1;
+  return clone(child_main, stack + sizeof stack, flags, &a, pidfd);
+}
+
+/* ---- copying the config ----------------------------------------------------- */
+
+static void copy_str(char *d, const char *s, size_t cap) {
+  size_t n = strnlen(s, cap - 1);
+  memcpy(d, s, n);
+  d[n] = 0;
+}
+
+static void cgroup_copy(sb_cgroup *d, const sb_cgroup *s) {
+  for (int i = 0; i < 3; i++) copy_str(d->path[i], s->path[i], PATH_MAX);
+  copy_str(d->id, s->id, sizeof d->id);
+  d->memory = s->memory;
+  d->pids = s->pids;
+  d->cpus = s->cpus;
+  d->v2 = s->v2;
+}
+
+/* Copies what eng_sb_setup reads: the scalars and the used entries only
+ * (the struct is ~0.6 MB of mostly unused PATH_MAX arrays). Keep in step
+ * with sb_config. */
+void eng_sb_cfg_copy(sb_config *d, const sb_config *s) {
+  copy_str(d->id, s->id, sizeof d->id);
+  copy_str(d->mnt, s->mnt, PATH_MAX);
+  copy_str(d->upper_dir, s->upper_dir, PATH_MAX);
+  copy_str(d->workdir, s->workdir, PATH_MAX);
+  copy_str(d->mask, s->mask, PATH_MAX);
+  d->nlayers = s->nlayers < SB_MAX_LAYERS ? s->nlayers : SB_MAX_LAYERS;
+  d->nhide = s->nhide < SB_MAX_EXTRA ? s->nhide : SB_MAX_EXTRA;
+  d->nmounts = s->nmounts < SB_MAX_EXTRA ? s->nmounts : SB_MAX_EXTRA;
+  for (int i = 0; i < d->nlayers; i++) copy_str(d->layers[i], s->layers[i], PATH_MAX);
+  for (int i = 0; i < d->nhide; i++) copy_str(d->hide[i], s->hide[i], PATH_MAX);
+  for (int i = 0; i < d->nmounts; i++) {
+    copy_str(d->mount_src[i], s->mount_src[i], PATH_MAX);
+    copy_str(d->mount_dst[i], s->mount_dst[i], PATH_MAX);
+    d->mount_ro[i] = s->mount_ro[i];
+  }
+  cgroup_copy(&d->cg, &s->cg);
+  d->disk = s->disk;
+  d->net_none = s->net_none;
+  d->bpf_len = s->bpf_len < SB_MAX_BPF ? s->bpf_len : SB_MAX_BPF;
+  memcpy(d->bpf, s->bpf, d->bpf_len * sizeof *d->bpf);
+}
