@@ -138,13 +138,13 @@ void eng_sb_zygote_main(int fd, int cfg_fd, pid_t engine) __attribute__((noretur
 
 /* sb_cgroup.c (the sb_cgroup type is above sb_config) */
 /* Fills in the box's group paths and limits and makes their parents; the
- * groups themselves are made by pid 1's helper. 0, or -1 with err set. */
+ * groups themselves are made by pid 1 or the zygote's spare. 0, or -1 with
+ * err set. */
 int eng_sb_cgroup_plan(sb_cgroup *cg, const char *id, long long memory,
                        long long pids, double cpus, char *err, size_t errlen);
-/* In pid 1's helper: makes the groups under dirs (their parents, opened
- * before pid 1 left the host's root; -1 = unused), sets the limits, then
- * moves pid (as the writer's pid namespace sees it) into all. 0 or -1. */
-int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs, const char *pid);
+/* Makes the groups under dirs (their parents; -1 = unused), sets the
+ * limits, then moves the calling process into all of them. 0 or -1. */
+int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs);
 /* Opens the groups' parent directories (O_PATH; -1 where unused); 0 or -1. */
 int eng_sb_cgroup_dirs(const sb_cgroup *cg, int *dirs);
 /* Writes cg's limits into the groups under dirs; 0 or -1. */

@@ -19,7 +19,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef CLONE_PIDFD
@@ -34,26 +33,13 @@ typedef struct spawn_arg {
   int in_groups;               /* cloned by a spare: cgroups joined already */
 } spawn_arg;
 
-/* Forks a helper that makes pid 1's cgroups, sets their limits and moves
- * pid 1 into them while pid 1 builds the root (under cgroup v1 a move can
- * wait out an RCU grace period). The helper works from the groups' parent
- * directories, opened here before pid 1 leaves the host's root. Returns
- * its pid, or -1. */
-static pid_t cgroup_helper(const sb_cgroup *cg) {
-  int dirs[3];
-  if (eng_sb_cgroup_dirs(cg, dirs) < 0) return -1;
-  pid_t pid = fork();
-  if (pid == 0) _exit(eng_sb_cgroup_enter(cg, dirs, "1") < 0 ? (errno ? errno & 0xff : EIO) : 0);
+/* Makes the box's cgroups, sets their limits and joins them; 0 or errno. */
+static int join_cgroups(const sb_cgroup *cg) {
+  int dirs[3], err = 0;
+  if (eng_sb_cgroup_dirs(cg, dirs) < 0) return errno;
+  if (eng_sb_cgroup_enter(cg, dirs) < 0) err = errno ? errno : EIO;
   for (int i = 0; i < 3; i++) if (dirs[i] >= 0) close(dirs[i]);
-  return pid;
-}
-
-/* Waits for the cgroup helper; 0 or an errno. */
-static int cgroup_helper_wait(pid_t helper) {
-  int st;
-  while (waitpid(helper, &st, 0) < 0) if (errno != EINTR) return errno;
-  if (WIFEXITED(st)) return WEXITSTATUS(st);
-  return EINTR;
+  return err;
 }
 
 /* Reports setup: READY with errno and a message (empty on success). */
@@ -63,13 +49,14 @@ static void report_ready(int err, char *msg, size_t len) {
   eng_sb_send(3, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
 }
 
-/* Sets up, with the cgroup helper alongside unless in_groups; 0 or errno. */
+/* Joins the cgroups unless a spare put us there, then sets up; 0 or errno. */
 static int set_up(const sb_config *cfg, int in_groups, char *msg, size_t len) {
-  pid_t helper = in_groups ? 0 : cgroup_helper(&cfg->cg);
-  int err = helper < 0 ? errno : eng_sb_setup(cfg, msg, len);
-  if (!err && helper > 0) err = cgroup_helper_wait(helper);
-  if (err && !*msg) snprintf(msg, len, "cannot set up the sandbox cgroups (%s)", strerror(err));
-  return err;
+  int err = in_groups ? 0 : join_cgroups(&cfg->cg);
+  if (err) {
+    snprintf(msg, len, "cannot set up the sandbox cgroups (%s)", strerror(err));
+    return err;
+  }
+  return eng_sb_setup(cfg, msg, len);
 }
 
 /* pid 1 of the sandbox: fd 3 is its socket, nothing else is open. */

@@ -524,8 +524,8 @@ static void use_spare_groups(sb_cgroup *cg, const char *name) {
 
 /* core.create(config) -> box | nil, err. The box is starting: call
  * box:wait_ready() before anything else. pid 1 is born in its cgroups
- * (the zygote's spare) or joins them before it reports ready (a helper does
- * it while pid 1 builds the root): the engine never waits on a cgroup move. */
+ * (the zygote's spare) or makes and joins them before it sets up: the
+ * engine never waits on a cgroup move. */
 static int l_create(lua_State *L) {
   char err[256];
   int sock = -1, pidfd = -1;

@@ -1,11 +1,11 @@
 /*
  * sb_spare.c: the zygote's spare, the start of the next box made ahead.
  *
- * Two steps of a box's birth cost far more than the rest and need nothing
- * from its config: a new network namespace (~0.5 ms, two thirds of the
- * clone) and moving pid 1 into fresh cgroups (under cgroup v1 each move
- * can wait out an RCU grace period, 7-15 ms on an idle host). So the
- * zygote keeps one spare: a forked process that has made and joined empty
+ * Two steps of a box's birth cost much and need nothing from its config:
+ * a new network namespace (~0.5 ms, two thirds of the clone) and fresh
+ * cgroups to be born in (mkdir, limits, a move that under cgroup v2 waits
+ * out an RCU grace period, 7-15 ms on an idle host). So the zygote keeps
+ * one spare: a forked process that has made and joined empty
  * groups (sbz-<engine>-<zygote>-<n>) and a network namespace with lo up,
  * and waits. For a box with network "none" and no cpu quota, the zygote
  * hands the request to the spare, which writes the box's limits into its
@@ -29,10 +29,12 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { SPARE_READY = 1, SPARE_GO, SPARE_DONE };
 #define SPARE_TIMEOUT_MS 5000
+#define SPARE_WAIT_MS 50       /* for one being made: cheaper than without */
 #define MAX_FAILURES 3
 
 static struct {
@@ -51,7 +53,7 @@ static int spare_prepare(sb_cgroup *cg, int *dirs) {
   char err[256];
   if (eng_sb_cgroup_plan(cg, spare.name, 0, 0, 0, err, sizeof err) < 0) return -1;
   if (eng_sb_cgroup_dirs(cg, dirs) < 0) return -1;
-  if (eng_sb_cgroup_enter(cg, dirs, "0") < 0) return -1;
+  if (eng_sb_cgroup_enter(cg, dirs) < 0) return -1;
   return unshare(CLONE_NEWNET) < 0 || eng_sb_loopback_up() < 0 ? -1 : 0;
 }
 
@@ -150,9 +152,25 @@ static pid_t spare_done(int *pidfd) {
   return -1;
 }
 
+/* Waits a little for a spare being made (a box made without it would wait
+ * out the same cgroup move, and make a namespace too); 1 when ready. */
+static int spare_wait_ready(void) {
+  struct pollfd pf = {spare.sock, POLLIN, 0};
+  double left = SPARE_WAIT_MS;
+  while (spare.pid && !spare.ready && left > 0) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (poll(&pf, 1, (int)left) > 0) eng_sb_spare_event();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    left -= (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    pf.fd = spare.sock;
+  }
+  return spare.ready;
+}
+
 pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name, size_t len) {
   sb_msg m = {SPARE_GO, 0, 0, 0, 0};
-  if (!spare.ready || !cfg->net_none || cfg->cg.cpus > 0) return 0;
+  if (!cfg->net_none || cfg->cg.cpus > 0 || !spare_wait_ready()) return 0;
   snprintf(name, len, "%s", spare.name);
   pid_t pid = eng_sb_send(spare.sock, &m, NULL, 0, &sock, 1) < 0 ? -1 : spare_done(pidfd);
   spare_drop();

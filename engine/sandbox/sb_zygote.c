@@ -15,8 +15,8 @@
  * supervisor's socket end, and waits (blocking, as a clone would) for the
  * reply: the pid with a pidfd (CLONE_PIDFD) and, when the zygote's spare
  * (sb_spare.c) made it, the name of its cgroups; or -errno. The engine never
- * blocks on a cgroup move (under v1 each can wait out an RCU grace period):
- * pid 1 is born in the spare's groups, or joins its own alongside setup.
+ * blocks on a cgroup move: pid 1 is born in the spare's groups, or makes and
+ * joins its own.
  *
  * Lifetimes: the zygote dies with the engine (PR_SET_PDEATHSIG), and each
  * supervisor with the zygote. The zygote reaps its children (SA_NOCLDWAIT),
