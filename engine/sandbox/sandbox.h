@@ -110,19 +110,20 @@ ssize_t eng_sb_recv(int fd, sb_msg *m, char *payload, size_t cap, int *fds,
 /* sb_child.c: pid 1's first steps (in engine-zygote). */
 extern sb_config *eng_sb_request;    /* the shared request area, or NULL */
 void eng_sb_cfg_copy(sb_config *d, const sb_config *s);
-/* Clones pid 1 from cfg (its own copy) with sock as its socket. in_spare:
- * the caller is a spare (sb_spare.c), inside the box's cgroups and network
- * namespace already; pid 1 becomes the caller's sibling. Returns the pid
- * with *pidfd set, or -1. */
-pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int in_spare, int *pidfd);
+/* Clones pid 1 from cfg (its own copy) with sock as its socket; it joins
+ * its cgroups and sets up. Returns the pid with *pidfd set, or -1. */
+pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int *pidfd);
+/* pid 1 from here on, in its namespaces and cgroups (cgroup_err: why it
+ * could not join them, reported as setup failure): set up, report, serve. */
+void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err) __attribute__((noreturn));
 
-/* sb_spare.c (in the zygote): a pre-made start of a box. */
+/* sb_spare.c (in the zygote): the next box's pid 1, cloned ahead. */
 void eng_sb_spare_make(pid_t engine);  /* forks one unless one exists */
 int eng_sb_spare_fd(void);             /* to poll for its reports, or -1 */
 void eng_sb_spare_event(void);         /* call when that fd is readable */
-/* Has the ready spare clone pid 1 for cfg: its pid with *pidfd and the
- * cgroup name (name, len) set; 0 when the spare cannot serve cfg (the
- * caller clones as usual); -1 with errno when it failed. */
+/* Hands cfg and sock to the ready spare: its pid with *pidfd and its
+ * cgroup name (name, len) set; 0 when no spare can serve cfg (the caller
+ * clones as usual); -1 with errno when the spare failed holding sock. */
 pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name, size_t len);
 
 /* sb_zygote.c: starts pid 1 from cfg; returns its pid with *sock the

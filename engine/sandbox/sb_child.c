@@ -2,11 +2,11 @@
  * sb_child.c: pid 1's first steps, in a clone of the zygote (engine-zygote)
  * or of its spare (sb_spare.c), before it serves as the supervisor.
  *
- * pid 1 starts with its socket as the only descriptor it keeps, unmaps the
- * shared request area (it runs code the sandbox can influence: it must keep
- * no way to change the next request), joins its cgroups unless a spare
- * already put it there, builds the root (sb_rootfs.c), reports READY and
- * serves (sb_super.c).
+ * pid 1 keeps its socket as its only descriptor, unmaps the shared request
+ * area (it runs code the sandbox can influence: it must keep no way to
+ * change the next request), joins its cgroups (a spare pid 1 has joined
+ * them already), builds the root (sb_rootfs.c), reports READY and serves
+ * (sb_super.c).
  */
 #include "sandbox.h"
 
@@ -30,7 +30,6 @@ sb_config *eng_sb_request;
 typedef struct spawn_arg {
   const sb_config *cfg;
   int sock;
-  int in_groups;               /* cloned by a spare: cgroups joined already */
 } spawn_arg;
 
 /* Makes the box's cgroups, sets their limits and joins them; 0 or errno. */
@@ -49,23 +48,11 @@ static void report_ready(int err, char *msg, size_t len) {
   eng_sb_send(3, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
 }
 
-/* Joins the cgroups unless a spare put us there, then sets up; 0 or errno. */
-static int set_up(const sb_config *cfg, int in_groups, char *msg, size_t len) {
-  int err = in_groups ? 0 : join_cgroups(&cfg->cg);
-  if (err) {
-    snprintf(msg, len, "cannot set up the sandbox cgroups (%s)", strerror(err));
-    return err;
-  }
-  return eng_sb_setup(cfg, msg, len);
-}
-
-/* pid 1 of the sandbox: fd 3 is its socket, nothing else is open. */
-static int child_main(void *arg) {
-  spawn_arg *a = arg;
+void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err) {
   char msg[512] = "";
   if (eng_sb_request) munmap(eng_sb_request, sizeof *eng_sb_request);
-  int sock = fcntl(a->sock, F_DUPFD, 10);
-  if (sock < 0 || dup2(sock, 3) != 3) _exit(1);
+  int fd = fcntl(sock, F_DUPFD, 10);
+  if (fd < 0 || dup2(fd, 3) != 3) _exit(1);
   close_range(0, 2, 0);
   close_range(4, ~0U, 0);
   signal(SIGCHLD, SIG_DFL);       /* the zygote ignores it; setup may wait */
@@ -74,18 +61,25 @@ static int child_main(void *arg) {
   struct pollfd pf = {3, 0, 0};
   if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)) _exit(1);  /* engine gone */
   for (int i = 0; i < 3; i++) if (open("/dev/null", O_RDWR) < 0) _exit(1);
-  int err = set_up(a->cfg, a->in_groups, msg, sizeof msg);
+  int err = cgroup_err;
+  if (err) snprintf(msg, sizeof msg, "cannot set up the sandbox cgroups (%s)", strerror(err));
+  else err = eng_sb_setup(cfg, msg, sizeof msg);
   report_ready(err, msg, sizeof msg);
   if (err) _exit(1);
   eng_sb_serve(3);
 }
 
-pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int in_spare, int *pidfd) {
+/* pid 1 cloned on request: joins its cgroups, then as above. */
+static int child_main(void *arg) {
+  spawn_arg *a = arg;
+  eng_sb_child_run(a->cfg, a->sock, join_cgroups(&a->cfg->cg));
+}
+
+pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int *pidfd) {
   static char stack[256 * 1024] __attribute__((aligned(16)));
-  spawn_arg a = {cfg, sock, in_spare};
+  spawn_arg a = {cfg, sock};
   int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_PIDFD | SIGCHLD;
-  if (in_spare) flags |= CLONE_PARENT;   /* the zygote's child, like the others */
-  else if (cfg->net_none) flags |= CLONE_NEWNET;
+  if (cfg->net_none) flags |= CLONE_NEWNET;
   *pidfd = -1;
   return clone(child_main, stack + sizeof stack, flags, &a, pidfd);
 }

@@ -1,22 +1,23 @@
 /*
- * sb_spare.c: the zygote's spare, the start of the next box made ahead.
+ * sb_spare.c: the zygote's spare, the next box's pid 1 cloned ahead.
  *
- * Two steps of a box's birth cost much and need nothing from its config:
- * a new network namespace (~0.5 ms, two thirds of the clone) and fresh
- * cgroups to be born in (mkdir, limits, a move that under cgroup v2 waits
- * out an RCU grace period, 7-15 ms on an idle host). So the zygote keeps
- * one spare: a forked process that has made and joined empty
- * groups (sbz-<engine>-<zygote>-<n>) and a network namespace with lo up,
- * and waits. For a box with network "none" and no cpu quota, the zygote
- * hands the request to the spare, which writes the box's limits into its
- * groups and clones pid 1 (as the zygote's child, CLONE_PARENT) without a
- * new network namespace: pid 1 is born inside both. Then the spare exits
- * and the zygote forks the next. Any other box, or one asked for before
- * the spare is ready, is cloned by the zygote as usual.
+ * The costly part of a box's birth needs nothing from its config: the clone
+ * into new namespaces (~0.75 ms here, a new network namespace two thirds
+ * of it) and fresh cgroups to be born in (mkdir, limits, a move that under
+ * cgroup v2 waits out an RCU grace period, 7-15 ms on an idle host). So
+ * the zygote keeps one spare: a pid 1 already cloned into new mount, pid,
+ * uts, ipc and network namespaces (lo up), inside empty groups of its own
+ * (engine/sbz-<engine>-<zygote>-<n>), waiting. For a box with network
+ * "none" and no cpu quota the zygote hands it the request: the spare copies
+ * the config, acknowledges, writes the box's limits into its groups and
+ * goes on as any pid 1 (sb_child.c). Any other box, or one asked for while
+ * no spare is ready, is cloned as usual.
  *
- * The spare is never reused: each box gets a namespace and groups nobody
- * ran in. It dies with the zygote (PR_SET_PDEATHSIG); the engine removes
- * an unused spare's groups when it exits, `engine gc` after a crash.
+ * A spare serves one box and is never reused: each box gets namespaces and
+ * groups nobody ran in. A forked maker clones it (CLONE_PARENT, so it is
+ * the zygote's child like every pid 1) and hands its pidfd to the zygote.
+ * It dies with the zygote (PR_SET_PDEATHSIG); the engine removes an unused
+ * spare's groups when it exits, `engine gc` after a crash.
  */
 #include "sandbox.h"
 
@@ -32,33 +33,29 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { SPARE_READY = 1, SPARE_GO, SPARE_DONE };
-#define SPARE_TIMEOUT_MS 5000
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+
+enum { SPARE_BORN = 1, SPARE_READY, SPARE_GO, SPARE_TAKEN };
 #define SPARE_WAIT_MS 50       /* for one being made: cheaper than without */
+#define ACK_TIMEOUT_MS 5000
 #define MAX_FAILURES 3
 
 static struct {
-  pid_t pid;                   /* 0 = none */
-  int sock;                    /* the zygote's end, -1 = none */
+  int sock;                    /* the zygote's end, -1 = no spare */
+  pid_t pid;                   /* 0 until the maker reports it */
+  int pidfd;
   int ready;
   int failures;                /* spares that died unused; at 3, no more */
   unsigned n;
   char name[64];               /* its cgroups' name */
-} spare = {0, -1, 0, 0, 0, ""};
+} spare = {-1, 0, -1, 0, 0, 0, ""};
 
-/* ---- in the spare ---------------------------------------------------------- */
-
-/* Makes and joins the groups and the namespace; 0 or -1. */
-static int spare_prepare(sb_cgroup *cg, int *dirs) {
-  char err[256];
-  if (eng_sb_cgroup_plan(cg, spare.name, 0, 0, 0, err, sizeof err) < 0) return -1;
-  if (eng_sb_cgroup_dirs(cg, dirs) < 0) return -1;
-  if (eng_sb_cgroup_enter(cg, dirs) < 0) return -1;
-  return unshare(CLONE_NEWNET) < 0 || eng_sb_loopback_up() < 0 ? -1 : 0;
-}
+/* ---- in the spare ----------------------------------------------------------- */
 
 /* Waits for GO (the supervisor's socket end); that fd, or -1. */
-static int spare_wait(int sock) {
+static int spare_wait_go(int sock) {
   sb_msg m;
   int fds[3], nfds = 0;
   for (;;) {
@@ -71,50 +68,71 @@ static int spare_wait(int sock) {
   }
 }
 
-/* The spare's life: prepare, report, wait, clone pid 1 once, report, exit. */
-static void spare_main(int sock, pid_t zygote) __attribute__((noreturn));
-static void spare_main(int sock, pid_t zygote) {
+/* The spare pid 1: prepare, report, wait, take the request, run. */
+static int spare_main(void *arg) {
   static sb_config cfg;
+  int sock = (int)(intptr_t)arg, dirs[3] = {-1, -1, -1}, err = 0;
   sb_cgroup cg;
-  int dirs[3] = {-1, -1, -1}, pidfd = -1;
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != zygote) _exit(1);
-  if (sock > 0) close_range(0, (unsigned)sock - 1, 0);
-  close_range((unsigned)sock + 1, ~0U, 0);
+  char msg[256];
   sb_msg m = {SPARE_READY, 0, 0, 0, 0};
-  if (spare_prepare(&cg, dirs) < 0 || eng_sb_send(sock, &m, NULL, 0, NULL, 0) < 0) _exit(1);
-  int sup = spare_wait(sock);
+  struct pollfd pf = {sock, 0, 0};
+  /* getppid() is 0 in a new pid namespace: the zygote's end tells instead */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)))
+    _exit(1);
+  if (eng_sb_cgroup_plan(&cg, spare.name, 0, 0, 0, msg, sizeof msg) < 0 ||
+      eng_sb_cgroup_dirs(&cg, dirs) < 0 || eng_sb_cgroup_enter(&cg, dirs) < 0 ||
+      eng_sb_loopback_up() < 0 || eng_sb_send(sock, &m, NULL, 0, NULL, 0) < 0)
+    _exit(1);
+  int sup = spare_wait_go(sock);
   if (sup < 0) _exit(0);
   eng_sb_cfg_copy(&cfg, eng_sb_request);
+  m.op = SPARE_TAKEN;              /* the zygote may let the engine go on */
+  eng_sb_send(sock, &m, NULL, 0, NULL, 0);
   cg.memory = cfg.cg.memory;
   cg.pids = cfg.cg.pids;
-  pid_t pid = eng_sb_cgroup_limit(&cg, dirs) < 0 ? -1 : eng_sb_clone_child(&cfg, sup, 1, &pidfd);
-  m = (sb_msg){SPARE_DONE, 0, pid < 0 ? -(errno ? errno : EIO) : pid, 0, 0};
-  eng_sb_send(sock, &m, NULL, 0, &pidfd, pidfd >= 0 ? 1 : 0);
-  _exit(0);
+  if (eng_sb_cgroup_limit(&cg, dirs) < 0) err = errno ? errno : EIO;
+  eng_sb_child_run(&cfg, sup, err);  /* closes dirs and sock with the rest */
+}
+
+/* The maker: clones the spare as the zygote's child, reports its pidfd. */
+static void maker_main(int sock) __attribute__((noreturn));
+static void maker_main(int sock) {
+  static char stack[256 * 1024] __attribute__((aligned(16)));
+  int pidfd = -1;
+  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET |
+              CLONE_PARENT | CLONE_PIDFD | SIGCHLD;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  pid_t pid = clone(spare_main, stack + sizeof stack, flags, (void *)(intptr_t)sock, &pidfd);
+  sb_msg m = {SPARE_BORN, 0, pid, 0, 0};
+  if (pid > 0) eng_sb_send(sock, &m, NULL, 0, &pidfd, 1);
+  _exit(pid > 0 ? 0 : 1);
 }
 
 /* ---- in the zygote ---------------------------------------------------------- */
 
-/* Forgets the spare. Closing its socket is enough: one still waiting sees
- * the end and exits (no kill: the kernel reaps it at once, SA_NOCLDWAIT, so
- * its pid may already name another process). */
+/* Forgets the spare. Closing its socket is enough: a spare still waiting
+ * sees the end and exits (no kill by pid: the kernel reaps it at once,
+ * SA_NOCLDWAIT, so its pid may already name another process). */
 static void spare_drop(void) {
   if (spare.sock >= 0) close(spare.sock);
+  if (spare.pidfd >= 0) close(spare.pidfd);
+  spare.sock = spare.pidfd = -1;
   spare.pid = 0;
-  spare.sock = -1;
   spare.ready = 0;
 }
 
 void eng_sb_spare_make(pid_t engine) {
   int sv[2];
-  if (spare.pid || spare.failures >= MAX_FAILURES) return;
+  if (spare.sock >= 0 || spare.failures >= MAX_FAILURES) return;
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return;
   snprintf(spare.name, sizeof spare.name, "sbz-%d-%d-%u", (int)engine, (int)getpid(), ++spare.n);
-  pid_t zygote = getpid(), pid = fork();
-  if (pid == 0) spare_main(sv[1], zygote);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(sv[0]);
+    maker_main(sv[1]);
+  }
   close(sv[1]);
   if (pid < 0) { close(sv[0]); return; }
-  spare.pid = pid;
   spare.sock = sv[0];
 }
 
@@ -122,57 +140,69 @@ int eng_sb_spare_fd(void) {
   return spare.sock;
 }
 
-/* The spare reported ready, or died before it could serve. */
+/* BORN (from the maker) or READY (from the spare); anything else, or the
+ * end of the socket before both, means the spare is gone. */
 void eng_sb_spare_event(void) {
   sb_msg m;
   int fds[3], nfds = 0;
   ssize_t n = eng_sb_recv(spare.sock, &m, NULL, 0, fds, &nfds);
-  for (int i = 0; i < nfds; i++) close(fds[i]);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n > 0 && m.op == SPARE_BORN && nfds == 1 && m.a > 0 && spare.pidfd < 0) {
+    spare.pid = m.a;
+    spare.pidfd = fds[0];
+    return;
+  }
+  for (int i = 0; i < nfds; i++) close(fds[i]);
   if (n > 0 && m.op == SPARE_READY) { spare.ready = 1; return; }
   spare.failures++;
   spare_drop();
 }
 
-/* Waits for the spare's SPARE_DONE; its pid with *pidfd, or -1. */
-static pid_t spare_done(int *pidfd) {
+/* Waits a little for a spare being made (a box cloned without it would
+ * pay the same costs); 1 when one is ready and known. */
+static int spare_wait_ready(void) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (spare.sock >= 0 && !(spare.ready && spare.pidfd >= 0)) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    int left = SPARE_WAIT_MS - (int)((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+    struct pollfd pf = {spare.sock, POLLIN, 0};
+    if (left <= 0 || poll(&pf, 1, left) == 0) return 0;
+    eng_sb_spare_event();
+  }
+  return spare.sock >= 0;
+}
+
+/* Waits for the spare's TAKEN: it holds its own copy of the request. */
+static int spare_taken(void) {
   sb_msg m;
   int fds[3], nfds = 0;
   struct pollfd pf = {spare.sock, POLLIN, 0};
   int rc;
-  do rc = poll(&pf, 1, SPARE_TIMEOUT_MS); while (rc < 0 && errno == EINTR);
-  if (rc <= 0 || eng_sb_recv(spare.sock, &m, NULL, 0, fds, &nfds) <= 0 || m.op != SPARE_DONE) {
-    for (int i = 0; i < nfds; i++) close(fds[i]);
-    errno = EIO;
-    return -1;
-  }
-  if (m.a > 0 && nfds == 1) { *pidfd = fds[0]; return m.a; }
+  do rc = poll(&pf, 1, ACK_TIMEOUT_MS); while (rc < 0 && errno == EINTR);
+  ssize_t n = rc > 0 ? eng_sb_recv(spare.sock, &m, NULL, 0, fds, &nfds) : -1;
   for (int i = 0; i < nfds; i++) close(fds[i]);
-  errno = m.a < 0 ? -m.a : EIO;
-  return -1;
-}
-
-/* Waits a little for a spare being made (a box made without it would wait
- * out the same cgroup move, and make a namespace too); 1 when ready. */
-static int spare_wait_ready(void) {
-  struct pollfd pf = {spare.sock, POLLIN, 0};
-  double left = SPARE_WAIT_MS;
-  while (spare.pid && !spare.ready && left > 0) {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (poll(&pf, 1, (int)left) > 0) eng_sb_spare_event();
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    left -= (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
-    pf.fd = spare.sock;
-  }
-  return spare.ready;
+  return n > 0 && m.op == SPARE_TAKEN ? 0 : -1;
 }
 
 pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name, size_t len) {
   sb_msg m = {SPARE_GO, 0, 0, 0, 0};
   if (!cfg->net_none || cfg->cg.cpus > 0 || !spare_wait_ready()) return 0;
+  if (eng_sb_send(spare.sock, &m, NULL, 0, &sock, 1) < 0) {
+    spare.failures++;              /* gone: clone as usual */
+    spare_drop();
+    return 0;
+  }
+  if (spare_taken() < 0) {         /* it may hold sock: no second pid 1 on it */
+    spare.failures++;
+    spare_drop();
+    errno = EIO;
+    return -1;
+  }
+  pid_t pid = spare.pid;
+  *pidfd = spare.pidfd;
+  spare.pidfd = -1;
   snprintf(name, len, "%s", spare.name);
-  pid_t pid = eng_sb_send(spare.sock, &m, NULL, 0, &sock, 1) < 0 ? -1 : spare_done(pidfd);
   spare_drop();
   return pid;
 }

@@ -68,7 +68,7 @@ static void zygote_serve(int fd, const sb_msg *m, int *fds, int nfds, pid_t engi
   if (m->op == ZYGOTE_SPAWN && nfds >= 1) {
     eng_sb_cfg_copy(&cfg, eng_sb_request);
     pid_t pid = eng_sb_spare_spawn(&cfg, fds[0], &pidfd, cgname, sizeof cgname);
-    if (pid == 0) pid = eng_sb_clone_child(&cfg, fds[0], 0, &pidfd);   /* no spare for it */
+    if (pid == 0) pid = eng_sb_clone_child(&cfg, fds[0], &pidfd);   /* no spare for it */
     r.a = pid < 0 ? -errno : pid;
   }
   for (int i = 0; i < nfds; i++) close(fds[i]);
