@@ -520,6 +520,18 @@ describe("engine.sandbox", function()
       end
     end)
 
+    it("gives each box a root of its own even when its root was built ahead", function()
+      local a = assert(sandbox.new { workdir = "/work/a" })
+      assert.equal(0, a:exec("echo secret > /tmp/left-behind && mkdir -p /srv/a").code)
+      a:stop()
+      engine.sleep(0.1)   -- the zygote's spare builds the next root meanwhile
+      local b <close> = assert(sandbox.new { workdir = "/work/b", env = { X = "1" } })
+      assert.matches("/engine/sbz%-", b._box:info().cgroups[1])
+      local r = b:exec("hostname; pwd; test -e /tmp/left-behind || echo clean; test -d /srv/a || echo no-srv; " ..
+        "test -d /work/a || echo no-a; awk '$5 == \"/\"' /proc/self/mountinfo | wc -l")
+      assert.equal(b.id .. "\n/work/b\nclean\nno-srv\nno-a\n1\n", r.stdout)
+    end)
+
     it("clones pid 1 from the small zygote, not from the engine", function()
       local pid = sb._box:info().pid
       assert.equal("engine-zygote\n", read_host("/proc/" .. pid .. "/comm"))

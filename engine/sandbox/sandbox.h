@@ -83,8 +83,16 @@ typedef struct sb_config {
   unsigned short bpf_len;
 } sb_config;
 
-/* sb_rootfs.c: runs in the child; returns 0 or an errno with msg set. */
+/* sb_rootfs.c: runs in the child; returns 0 or an errno with msg set.
+ * eng_sb_setup = eng_sb_setup_root (the root: overlay, pivot_root, /dev,
+ * /proc; opens the bind mount sources into trees) then
+ * eng_sb_setup_finish (workdir, bind mounts, hostname, lo, privileges). */
 int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen);
+int eng_sb_setup_root(const sb_config *cfg, int *trees, char *msg, size_t msglen);
+int eng_sb_setup_finish(const sb_config *cfg, int *trees, char *msg, size_t msglen);
+/* 1 when a root built by eng_sb_setup_root(a) is the one b asks for (and
+ * neither has bind mounts or an upper_dir, which must not be used ahead). */
+int eng_sb_same_root(const sb_config *a, const sb_config *b);
 /* The engine's shared host mask layer, (re)built when the host's top
  * directories change; NULL if it cannot be built. */
 const char *eng_sb_mask_prepare(void);
@@ -114,11 +122,16 @@ void eng_sb_cfg_copy(sb_config *d, const sb_config *s);
  * its cgroups and sets up. Returns the pid with *pidfd set, or -1. */
 pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int *pidfd);
 /* pid 1 from here on, in its namespaces and cgroups (cgroup_err: why it
- * could not join them, reported as setup failure): set up, report, serve. */
-void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err) __attribute__((noreturn));
+ * could not join them, reported as setup failure): set up (only
+ * eng_sb_setup_finish when rooted: a spare built the root ahead), report,
+ * serve. */
+void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err, int rooted)
+  __attribute__((noreturn));
 
 /* sb_spare.c (in the zygote): the next box's pid 1, cloned ahead. */
-void eng_sb_spare_make(pid_t engine);  /* forks one unless one exists */
+/* Forks one unless one exists; with tmpl (the last request), its root is
+ * built ahead for requests with the same root (eng_sb_same_root). */
+void eng_sb_spare_make(pid_t engine, const sb_config *tmpl);
 int eng_sb_spare_fd(void);             /* to poll for its reports, or -1 */
 void eng_sb_spare_event(void);         /* call when that fd is readable */
 /* Hands cfg and sock to the ready spare: its pid with *pidfd and its

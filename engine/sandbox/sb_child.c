@@ -48,7 +48,7 @@ static void report_ready(int err, char *msg, size_t len) {
   eng_sb_send(3, &m, msg, err ? strlen(msg) + 1 : 0, NULL, 0);
 }
 
-void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err) {
+void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err, int rooted) {
   char msg[512] = "";
   if (eng_sb_request) munmap(eng_sb_request, sizeof *eng_sb_request);
   int fd = fcntl(sock, F_DUPFD, 10);
@@ -63,6 +63,7 @@ void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err) {
   for (int i = 0; i < 3; i++) if (open("/dev/null", O_RDWR) < 0) _exit(1);
   int err = cgroup_err;
   if (err) snprintf(msg, sizeof msg, "cannot set up the sandbox cgroups (%s)", strerror(err));
+  else if (rooted) err = eng_sb_setup_finish(cfg, NULL, msg, sizeof msg);
   else err = eng_sb_setup(cfg, msg, sizeof msg);
   report_ready(err, msg, sizeof msg);
   if (err) _exit(1);
@@ -72,7 +73,7 @@ void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err) {
 /* pid 1 cloned on request: joins its cgroups, then as above. */
 static int child_main(void *arg) {
   spawn_arg *a = arg;
-  eng_sb_child_run(a->cfg, a->sock, join_cgroups(&a->cfg->cg));
+  eng_sb_child_run(a->cfg, a->sock, join_cgroups(&a->cfg->cg), 0);
 }
 
 pid_t eng_sb_clone_child(const sb_config *cfg, int sock, int *pidfd) {

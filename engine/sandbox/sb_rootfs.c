@@ -489,8 +489,8 @@ static int lock_down(const sb_config *cfg) {
 
 /* ---- entry ------------------------------------------------------------------ */
 
-int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
-  int trees[SB_MAX_EXTRA], e;
+int eng_sb_setup_root(const sb_config *cfg, int *trees, char *msg, size_t msglen) {
+  int e;
   umask(0);
   errno = 0;
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -501,6 +501,12 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
   if (mount_dev() < 0) FAIL(msg, msglen, "cannot set up /dev");
   if (mount_proc() < 0) FAIL(msg, msglen, "cannot set up /proc");
   if (ensure_tmp() < 0) FAIL(msg, msglen, "cannot create /tmp");
+  return 0;
+}
+
+int eng_sb_setup_finish(const sb_config *cfg, int *trees, char *msg, size_t msglen) {
+  umask(0);
+  errno = 0;
   if (mkdir_p(cfg->workdir, 0755) < 0)
     FAIL(msg, msglen, "cannot create workdir %s", cfg->workdir);
   if (attach_mounts(cfg, trees) < 0) FAIL(msg, msglen, "cannot attach a bind mount");
@@ -509,6 +515,24 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
   if (lock_down(cfg) < 0) FAIL(msg, msglen, "cannot drop privileges");
   umask(022);
   return 0;
+}
+
+int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
+  int trees[SB_MAX_EXTRA], e = eng_sb_setup_root(cfg, trees, msg, msglen);
+  return e ? e : eng_sb_setup_finish(cfg, trees, msg, msglen);
+}
+
+static int same_list(char (*a)[PATH_MAX], char (*b)[PATH_MAX], int n) {
+  for (int i = 0; i < n; i++) if (strcmp(a[i], b[i])) return 0;
+  return 1;
+}
+
+int eng_sb_same_root(const sb_config *a, const sb_config *b) {
+  return a->nmounts == 0 && b->nmounts == 0 && !*a->upper_dir && !*b->upper_dir &&
+         a->disk == b->disk && a->nlayers == b->nlayers && a->nhide == b->nhide &&
+         !strcmp(a->mnt, b->mnt) && !strcmp(a->mask, b->mask) &&
+         same_list((char (*)[PATH_MAX])a->layers, (char (*)[PATH_MAX])b->layers, a->nlayers) &&
+         same_list((char (*)[PATH_MAX])a->hide, (char (*)[PATH_MAX])b->hide, a->nhide);
 }
 
 /* ---- seccomp ---------------------------------------------------------------- */

@@ -74,7 +74,7 @@ static void zygote_serve(int fd, const sb_msg *m, int *fds, int nfds, pid_t engi
   for (int i = 0; i < nfds; i++) close(fds[i]);
   eng_sb_send(fd, &r, cgname, strlen(cgname) + 1, &pidfd, pidfd >= 0 ? 1 : 0);
   if (pidfd >= 0) close(pidfd);
-  eng_sb_spare_make(engine);
+  eng_sb_spare_make(engine, m->op == ZYGOTE_SPAWN && nfds >= 1 ? &cfg : NULL);
 }
 
 /* Detaches from the engine's session and signals, keeps only fd, and dies
@@ -101,7 +101,7 @@ void eng_sb_zygote_main(int fd, int cfg_fd, pid_t engine) {
   if (p == MAP_FAILED) _exit(1);
   eng_sb_request = p;
   zygote_init(fd, engine);
-  eng_sb_spare_make(engine);
+  eng_sb_spare_make(engine, NULL);
   for (;;) {
     struct pollfd pf[2] = {{fd, POLLIN, 0}, {eng_sb_spare_fd(), POLLIN, 0}};
     if (poll(pf, 2, -1) < 0 && errno != EINTR) _exit(1);
