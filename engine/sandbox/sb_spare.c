@@ -34,7 +34,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifndef CLONE_PIDFD
@@ -42,7 +41,6 @@
 #endif
 
 enum { SPARE_BORN = 1, SPARE_READY, SPARE_GO, SPARE_TAKEN };
-#define SPARE_WAIT_MS 50       /* for one being made: cheaper than without */
 #define ACK_TIMEOUT_MS 5000
 #define MAX_FAILURES 3
 
@@ -170,17 +168,15 @@ void eng_sb_spare_event(void) {
   spare_drop();
 }
 
-/* Waits a little for a spare being made (a box cloned without it would
- * pay the same costs); 1 when one is ready and known. */
-static int spare_wait_ready(void) {
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+/* 1 when a spare is ready and known, taking in reports that just came.
+ * One still being made is not waited for: under load that would make the
+ * zygote as slow as the spares, and a clone costs no more than a spare. */
+static int spare_ready(void) {
+  struct pollfd pf = {spare.sock, POLLIN, 0};
   while (spare.sock >= 0 && !(spare.ready && spare.pidfd >= 0)) {
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    int left = SPARE_WAIT_MS - (int)((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
-    struct pollfd pf = {spare.sock, POLLIN, 0};
-    if (left <= 0 || poll(&pf, 1, left) == 0) return 0;
+    if (poll(&pf, 1, 0) <= 0) return 0;
     eng_sb_spare_event();
+    pf.fd = spare.sock;
   }
   return spare.sock >= 0;
 }
@@ -204,7 +200,7 @@ pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name,
     spare_drop();                  /* built for another root: make another */
     return 0;
   }
-  if (!spare_wait_ready()) return 0;
+  if (!spare_ready()) return 0;
   if (eng_sb_send(spare.sock, &m, NULL, 0, &sock, 1) < 0) {
     spare.failures++;              /* gone: clone as usual */
     spare_drop();
