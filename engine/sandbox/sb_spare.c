@@ -41,7 +41,7 @@
 #endif
 
 enum { SPARE_BORN = 1, SPARE_READY, SPARE_GO, SPARE_TAKEN };
-#define ACK_TIMEOUT_MS 5000
+#define ACK_TIMEOUT_MS 2000     /* below the engine's 5 s wait for the zygote */
 #define MAX_FAILURES 3
 
 static struct {
