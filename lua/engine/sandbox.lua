@@ -34,10 +34,12 @@ end
 
 local made_dirs = {}
 
+local OWNER_ONLY = tonumber("700", 8)   -- Lua has no octal literals: 0700 is 700
+
 local function ensure_state_dir()
   local dir = M.state_dir()
   if not made_dirs[dir] then
-    assert(core.host_mkdir(dir .. "/mnt", 0700))
+    assert(core.host_mkdir(dir .. "/mnt", OWNER_ONLY))
     made_dirs[dir] = true
   end
   return dir
@@ -435,7 +437,7 @@ local function download_tree(sb, path, host, timeout)
     local n, cerr = file:copy_to(host, mode)
     if not n then return nil, host .. ": " .. cerr end
   elseif t == "d" then
-    local ok, err = core.host_mkdir(host, mode | 0700)
+    local ok, err = core.host_mkdir(host, mode | OWNER_ONLY)   -- we must be able to fill it
     if not ok then return nil, host .. ": " .. err end
     local names, lerr = sb._box:list(path, timeout)
     if not names then return nil, path .. ": " .. lerr end
