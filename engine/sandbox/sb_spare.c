@@ -49,7 +49,7 @@ static struct {
   pid_t pid;                   /* 0 until the maker reports it */
   int pidfd;
   int ready;
-  int failures;                /* spares that died unused; at 3, no more */
+  int failures;                /* in a row; at 3, no more spares */
   unsigned n;
   char name[64];               /* its cgroups' name */
   int rooted;                  /* it built its root from tmpl */
@@ -213,6 +213,7 @@ pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name,
     return -1;
   }
   pid_t pid = spare.pid;
+  spare.failures = 0;
   *pidfd = spare.pidfd;
   spare.pidfd = -1;
   snprintf(name, len, "%s", spare.name);
