@@ -127,6 +127,24 @@ describe("engine.sandbox", function()
       end))
     end)
 
+    it("never drops a kill when pid 1 is too busy to read it", function()
+      local b <close> = assert(sandbox.new {})
+      local p = assert(b:spawn("sleep 3" .. UNIQ))
+      local pid1 = b._box:info().pid
+      core.kill(pid1, 19)               -- SIGSTOP: pid 1 reads nothing now
+      local long, busy = "/" .. string.rep("x", 4000), nil
+      for _ = 1, 5000 do              -- fill its socket with requests that time out
+        local _, err = b._box:stat(long, true, 0.001)
+        if err == "busy" then busy = true break end
+      end
+      assert.is_true(busy, "the socket never filled")
+      p:kill()                          -- SIGTERM, queued in the engine
+      core.kill(pid1, 18)               -- SIGCONT
+      local r = p:wait(10)
+      assert.equal(15, r.signal)
+      assert.equal("", sh("pgrep -f 'sleep 3" .. UNIQ .. "' || true"))
+    end)
+
     it("runs many commands at once", function()
       local tasks = {}
       for i = 1, 20 do

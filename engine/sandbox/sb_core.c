@@ -65,7 +65,9 @@ struct sbox {
   pid_t pid;
   int sock, pidfd, state, has_ud, mem_limit, busy, retries;
   uint32_t next_seq;
-  ev_io io, pidw;
+  ev_io io, pidw, kill_w;       /* kill_w: the socket is writable again */
+  sb_msg *kills;                /* kills the socket had no room for, in order */
+  int nkills;
   ev_timer retry;
   sb_cgroup cg;
   pending *pending;
@@ -103,11 +105,43 @@ static void cmd_exit(cmd *c, int status) {
   eng_proc_exited(c->p, status);
 }
 
+/* Sends queued kills while the socket takes them; stops watching once
+ * they are all out. */
+static void kill_flush(sbox *sb) {
+  int sent = 0;
+  while (sent < sb->nkills && eng_sb_send(sb->sock, &sb->kills[sent], NULL, 0, NULL, 0) == 0)
+    sent++;
+  if (sent < sb->nkills && errno != EAGAIN) sent = sb->nkills;  /* closed: moot */
+  memmove(sb->kills, sb->kills + sent, (size_t)(sb->nkills - sent) * sizeof *sb->kills);
+  sb->nkills -= sent;
+  if (!sb->nkills) ev_io_stop(eng_loop(), &sb->kill_w);
+}
+
+static void kill_cb(struct ev_loop *l, ev_io *w, int revents) {
+  (void)l;
+  (void)revents;
+  kill_flush(w->data);
+}
+
+/* Asks pid 1 to signal a command's group. Never dropped: a kill the socket
+ * has no room for now (pid 1 busy with a slow file operation) waits in order
+ * and goes out when it drains; the loop stays alive for it meanwhile. */
+static void send_kill(sbox *sb, int32_t pid, int sig) {
+  sb_msg m = {SB_KILL, 0, pid, sig, 0};
+  if (sb->sock < 0) return;
+  if (!sb->nkills && eng_sb_send(sb->sock, &m, NULL, 0, NULL, 0) == 0) return;
+  if (!sb->nkills && errno != EAGAIN) return;          /* closed: all dies with it */
+  sb_msg *k = realloc(sb->kills, (size_t)(sb->nkills + 1) * sizeof *k);
+  if (!k) return;
+  sb->kills = k;
+  sb->kills[sb->nkills++] = m;
+  ev_io_start(eng_loop(), &sb->kill_w);
+}
+
 static void cmd_kill(void *ctx, int sig) {
   cmd *c = ctx;
   if (!c->sb || c->exited || c->sb->state != ST_READY) return;
-  sb_msg m = {SB_KILL, 0, c->pid, sig, 0};
-  eng_sb_send(c->sb->sock, &m, NULL, 0, NULL, 0);
+  send_kill(c->sb, c->pid, sig);
 }
 
 static void cmd_release(void *ctx) {
@@ -329,10 +363,7 @@ static void handle(sbox *sb, const sb_msg *m, char *payload, int *fds, int nfds)
   }
   pending *op = op_find(sb, m->seq);
   if (!op) {                         /* its caller timed out or was cancelled */
-    if (m->op == SB_START && m->a >= 0) {
-      sb_msg k = {SB_KILL, 0, (int32_t)m->c, SIGKILL, 0};
-      eng_sb_send(sb->sock, &k, NULL, 0, NULL, 0);
-    }
+    if (m->op == SB_START && m->a >= 0) send_kill(sb, (int32_t)m->c, SIGKILL);
     close_fds(fds, nfds);
     return;
   }
@@ -341,6 +372,10 @@ static void handle(sbox *sb, const sb_msg *m, char *payload, int *fds, int nfds)
 
 /* The supervisor is gone or going: nothing more will come over the socket. */
 static void lost(sbox *sb) {
+  ev_io_stop(eng_loop(), &sb->kill_w);
+  free(sb->kills);
+  sb->kills = NULL;
+  sb->nkills = 0;
   if (sb->sock >= 0) {
     ev_ref(eng_loop());
     ev_io_stop(eng_loop(), &sb->io);
@@ -500,6 +535,8 @@ static sbox *box_new(lua_State *L, int t, pid_t pid, int sock, int pidfd) {
   ev_io_init(&sb->io, io_cb, sock, EV_READ);
   ev_io_start(eng_loop(), &sb->io);
   ev_unref(eng_loop());
+  ev_io_init(&sb->kill_w, kill_cb, sock, EV_WRITE);
+  sb->kill_w.data = sb;
   ev_io_init(&sb->pidw, pid_cb, pidfd, EV_READ);
   ev_io_start(eng_loop(), &sb->pidw);
   ev_unref(eng_loop());
