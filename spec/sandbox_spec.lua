@@ -142,7 +142,7 @@ describe("engine.sandbox", function()
       core.kill(pid1, 18)               -- SIGCONT
       local r = p:wait(10)
       assert.equal(15, r.signal)
-      assert.equal("", sh("pgrep -f 'sleep 3" .. UNIQ .. "' || true"))
+      assert.equal("", sh("pgrep -f 'slee[p] 3" .. UNIQ .. "' || true"))
     end)
 
     it("runs many commands at once", function()
