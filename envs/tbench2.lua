@@ -545,6 +545,20 @@ function M.upper_root()
   return (os.getenv("ENGINE_STATE_DIR") or "/var/lib/engine") .. "/tbench2-upper"
 end
 
+-- Removes the agents' upper layers (<engine pid>-<hex>, and .work) that an
+-- engine killed before its cleanup left behind; once per engine.
+local swept = false
+function M.sweep_uppers()
+  if swept then return end
+  swept = true
+  local core = require "engine.sandbox.core"
+  local alive = require("engine.sandbox").engine_alive
+  for _, name in ipairs(core.host_list(M.upper_root()) or {}) do
+    local pid = tonumber(name:match("^(%d+)%-%x+$") or name:match("^(%d+)%-%x+%.work$"))
+    if pid and not alive(pid) then core.host_rmtree(M.upper_root() .. "/" .. name) end
+  end
+end
+
 -- The task's image: its [environment] docker_image when the user mapped that
 -- name to a local base (image.map, ENGINE_IMAGE_MAP: e.g. an imported
 -- `docker save` archive), else a build of environment/Dockerfile with
@@ -564,8 +578,10 @@ function M.sandbox(task, config)
   local cfg = task.config
   local upper
   if config.verify == "fresh" then
-    assert(require("engine.sandbox.core").host_mkdir(M.upper_root(), 448))  -- 0700
-    upper = M.upper_root() .. "/" .. random_hex(8)
+    local core = require "engine.sandbox.core"
+    assert(core.host_mkdir(M.upper_root(), 448))  -- 0700
+    M.sweep_uppers()
+    upper = M.upper_root() .. "/" .. core.getpid() .. "-" .. random_hex(8)
   end
   return {
     upper_dir = upper,

@@ -635,4 +635,5 @@ function M.live()
 end
 
 M.Sandbox = Sandbox
+M.engine_alive = engine_alive   -- for envs that keep host files per engine (tbench2)
 return M

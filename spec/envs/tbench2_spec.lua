@@ -442,6 +442,25 @@ end)
 
 -- Timeouts and interrupts in every phase: the episode ends, the window is
 -- never left staged, and no sandbox outlives the run.
+describe("tbench2 --verify fresh leftovers", function()
+  it("removes the upper layers a killed engine left, and only those", function()
+    local tb2 = internals()
+    local root = tmpdir()
+    finally(function() rm_rf(root) end)
+    tb2.upper_root = function() return root end
+    local dead = 4000000
+    while lfs.attributes("/proc/" .. dead) do dead = dead - 1 end
+    local me = require("engine.sandbox.core").getpid()
+    for _, n in ipairs({ dead .. "-00ab", dead .. "-00ab.work", me .. "-beef", "not-ours" }) do
+      assert(lfs.mkdir(root .. "/" .. n))
+    end
+    tb2.sweep_uppers()
+    local want = { me .. "-beef", "not-ours" }
+    table.sort(want)
+    assert.same(want, list_dir(root))
+  end)
+end)
+
 describe_episodes("tbench2 timeouts and cancellation", function()
   it("still scores after an agent timeout", function()
     local res = run_env("--tasks examples/tbench2/hello-file --timeout-agent 1 --agent script:"
