@@ -90,8 +90,9 @@ typedef struct sb_config {
 int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen);
 int eng_sb_setup_root(const sb_config *cfg, int *trees, char *msg, size_t msglen);
 int eng_sb_setup_finish(const sb_config *cfg, int *trees, char *msg, size_t msglen);
-/* 1 when a root built by eng_sb_setup_root(a) is the one b asks for (and
- * neither has bind mounts or an upper_dir, which must not be used ahead). */
+/* 1 when a root built by eng_sb_setup_root(a) is the one b asks for, and
+ * both may be built ahead: no bind mounts, no upper_dir, and the host (if a
+ * layer) masked by the engine's shared, revalidated mask. */
 int eng_sb_same_root(const sb_config *a, const sb_config *b);
 /* The engine's shared host mask layer, (re)built when the host's top
  * directories change; NULL if it cannot be built. */
@@ -163,9 +164,13 @@ int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs);
 int eng_sb_cgroup_dirs(const sb_cgroup *cg, int *dirs);
 /* Writes cg's limits into the groups under dirs; 0 or -1. */
 int eng_sb_cgroup_limit(const sb_cgroup *cg, const int *dirs);
-/* At the engine's exit: removes the unused spare groups of its zygotes
- * (sbz-<engine>-*), waiting up to a second for their spare to be gone. */
-void eng_sb_cgroup_sweep_spares(pid_t engine);
+/* Moves the caller back to the hierarchies' root groups and removes the
+ * groups under dirs (a spare that will serve no box). */
+void eng_sb_cgroup_leave(const sb_cgroup *cg, const int *dirs);
+/* Removes the empty spare groups of the engine's zygotes (sbz-<engine>-*;
+ * a box born from a spare keeps its group: it is not empty). With wait (at
+ * the engine's exit), waits up to a second per group for its spare to go. */
+void eng_sb_cgroup_sweep_spares(pid_t engine, int wait);
 int eng_sb_cgroup_remove(sb_cgroup *cg);        /* 0 when all are gone */
 long long eng_sb_cgroup_oom_kills(const sb_cgroup *cg);
 long long eng_sb_cgroup_memory(const sb_cgroup *cg);

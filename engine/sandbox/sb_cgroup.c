@@ -152,12 +152,25 @@ int eng_sb_cgroup_enter(const sb_cgroup *cg, const int *dirs) {
   for (int i = 0; i < 3; i++)
     if (dirs[i] >= 0 && mkdirat(dirs[i], cg->id, 0755) < 0 && errno != EEXIST) return -1;
   if (eng_sb_cgroup_limit(cg, dirs) < 0) return -1;
+  const char *join = cg->v2 ? "cgroup.procs" : "tasks";
   for (int i = 0; i < 3; i++)
-    if (dirs[i] >= 0 && write_at(dirs[i], cg, cg->v2 ? "cgroup.procs" : "tasks", "0") < 0) return -1;
+    if (dirs[i] >= 0 && write_at(dirs[i], cg, join, "0") < 0) return -1;
   return 0;
 }
 
-void eng_sb_cgroup_sweep_spares(pid_t engine) {
+void eng_sb_cgroup_leave(const sb_cgroup *cg, const int *dirs) {
+  for (int i = 0; i < 3; i++) {
+    if (dirs[i] < 0) continue;
+    int fd = openat(dirs[i], cg->v2 ? "../cgroup.procs" : "../tasks", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)!write(fd, "0", 1);
+      close(fd);
+    }
+    unlinkat(dirs[i], cg->id, AT_REMOVEDIR);
+  }
+}
+
+void eng_sb_cgroup_sweep_spares(pid_t engine, int wait) {
   char prefix[32], path[PATH_MAX + 300];
   int n = snprintf(prefix, sizeof prefix, "sbz-%d-", (int)engine);
   for (int i = 0; i < (detect() == 2 ? 1 : 3); i++) {
@@ -167,7 +180,7 @@ void eng_sb_cgroup_sweep_spares(pid_t engine) {
     while ((e = readdir(d))) {
       if (strncmp(e->d_name, prefix, (size_t)n)) continue;
       snprintf(path, sizeof path, "%s/%s", eng_sb_cgroup_base(i), e->d_name);
-      for (int t = 0; t < 100 && rmdir(path) < 0 && errno == EBUSY; t++) usleep(10000);
+      for (int t = 0; rmdir(path) < 0 && errno == EBUSY && wait && t < 100; t++) usleep(10000);
     }
     closedir(d);
   }

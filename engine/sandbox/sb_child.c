@@ -53,11 +53,13 @@ void eng_sb_child_run(const sb_config *cfg, int sock, int cgroup_err, int rooted
   if (eng_sb_request) munmap(eng_sb_request, sizeof *eng_sb_request);
   int fd = fcntl(sock, F_DUPFD, 10);
   if (fd < 0 || dup2(fd, 3) != 3) _exit(1);
-  close_range(0, 2, 0);
-  close_range(4, ~0U, 0);
+  if (close_range(0, 2, 0) < 0 || close_range(4, ~0U, 0) < 0) _exit(1);
   signal(SIGCHLD, SIG_DFL);       /* the zygote ignores it; setup may wait */
   setsid();                       /* a Ctrl-C for the engine is not for us */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  /* pid 1 lives as long as the engine's end of its socket (it exits on its
+   * end), not as long as the zygote: a zygote that dies or is restarted
+   * takes no box with it. (A spare waited with a parent-death signal.) */
+  prctl(PR_SET_PDEATHSIG, 0);
   struct pollfd pf = {3, 0, 0};
   if (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)) _exit(1);  /* engine gone */
   for (int i = 0; i < 3; i++) if (open("/dev/null", O_RDWR) < 0) _exit(1);

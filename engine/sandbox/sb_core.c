@@ -1,10 +1,9 @@
 /*
  * sb_core.c: the engine side of a local sandbox, `require "engine.sandbox.core"`.
  *
- * create() has the supervisor cloned into new namespaces (sb_zygote.c; it
- * runs sb_rootfs.c then sb_super.c, never the Lua state), moves it into its
- * cgroups, and
- * returns an engine.SandboxCore. Requests go over a SOCK_SEQPACKET socket;
+ * create() has the zygote clone the supervisor into new namespaces and its
+ * cgroups (sb_zygote.c, sb_spare.c; it runs sb_rootfs.c then sb_super.c,
+ * never the Lua state) and returns an engine.SandboxCore. Requests go over a SOCK_SEQPACKET socket;
  * each one is a pending operation of the calling task with a timeout and a
  * cleanup, answered from the socket's libev watcher. Exit reports for
  * commands go to the engine.Process objects (proc.h).

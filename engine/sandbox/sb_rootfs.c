@@ -527,8 +527,19 @@ static int same_list(char (*a)[PATH_MAX], char (*b)[PATH_MAX], int n) {
   return 1;
 }
 
+/* A root that shows the live host (a "host" layer) must use the engine's
+ * shared mask, which the engine revalidates at every request (a new mask
+ * has a new path): a mask built in the spare's own tmpfs (hide lists) would
+ * miss what appears on the host while the spare waits. */
+static int buildable_ahead(const sb_config *c) {
+  if (c->nmounts || *c->upper_dir) return 0;
+  for (int i = 0; i < c->nlayers; i++)
+    if (!strcmp(c->layers[i], "host") && (!*c->mask || c->nhide)) return 0;
+  return 1;
+}
+
 int eng_sb_same_root(const sb_config *a, const sb_config *b) {
-  return a->nmounts == 0 && b->nmounts == 0 && !*a->upper_dir && !*b->upper_dir &&
+  return buildable_ahead(a) && buildable_ahead(b) &&
          a->disk == b->disk && a->nlayers == b->nlayers && a->nhide == b->nhide &&
          !strcmp(a->mnt, b->mnt) && !strcmp(a->mask, b->mask) &&
          same_list((char (*)[PATH_MAX])a->layers, (char (*)[PATH_MAX])b->layers, a->nlayers) &&

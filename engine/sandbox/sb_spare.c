@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -74,6 +75,21 @@ static int spare_wait_go(int sock) {
   }
 }
 
+/* Leaves and removes the spare's groups, then exits: a spare that will serve
+ * no box leaves nothing behind (its zygote lives on, and the engine sweeps
+ * spare groups only when it exits). */
+static void spare_abandon(const sb_cgroup *cg, const int *dirs, int code) __attribute__((noreturn));
+static void spare_abandon(const sb_cgroup *cg, const int *dirs, int code) {
+  eng_sb_cgroup_leave(cg, dirs);
+  _exit(code);
+}
+
+/* The request as the spare got it is still one it may serve (the zygote
+ * checked its own copy; this one is what runs). */
+static int spare_fits(const sb_config *cfg) {
+  return cfg->net_none && cfg->cg.cpus <= 0 && (!spare.rooted || eng_sb_same_root(&tmpl, cfg));
+}
+
 /* The spare pid 1: prepare, report, wait, take the request, run. */
 static int spare_main(void *arg) {
   static sb_config cfg;
@@ -86,14 +102,16 @@ static int spare_main(void *arg) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)))
     _exit(1);
   if (eng_sb_cgroup_plan(&cg, spare.name, 0, 0, 0, msg, sizeof msg) < 0 ||
-      eng_sb_cgroup_dirs(&cg, dirs) < 0 || eng_sb_cgroup_enter(&cg, dirs) < 0 ||
-      eng_sb_loopback_up() < 0)
+      eng_sb_cgroup_dirs(&cg, dirs) < 0)
     _exit(1);
-  if (spare.rooted && eng_sb_setup_root(&tmpl, NULL, msg, sizeof msg)) _exit(1);
-  if (eng_sb_send(sock, &m, NULL, 0, NULL, 0) < 0) _exit(1);
+  if (eng_sb_cgroup_enter(&cg, dirs) < 0 || eng_sb_loopback_up() < 0 ||
+      (spare.rooted && eng_sb_setup_root(&tmpl, NULL, msg, sizeof msg)) ||
+      eng_sb_send(sock, &m, NULL, 0, NULL, 0) < 0)
+    spare_abandon(&cg, dirs, 1);
   int sup = spare_wait_go(sock);
-  if (sup < 0) _exit(0);
+  if (sup < 0) spare_abandon(&cg, dirs, 0);
   eng_sb_cfg_copy(&cfg, eng_sb_request);
+  if (!spare_fits(&cfg)) spare_abandon(&cg, dirs, 1);   /* no TAKEN: the zygote clones */
   m.op = SPARE_TAKEN;              /* the zygote may let the engine go on */
   eng_sb_send(sock, &m, NULL, 0, NULL, 0);
   cg.memory = cfg.cg.memory;
@@ -135,6 +153,8 @@ void eng_sb_spare_make(pid_t engine, const sb_config *last) {
   spare.rooted = last && eng_sb_same_root(last, last);
   if (spare.rooted) eng_sb_cfg_copy(&tmpl, last);
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return;
+  if (!spare.n && getrandom(&spare.n, sizeof spare.n, 0) > 0)
+    spare.n &= 0x3fffffff;         /* names never repeat, even if a pid does */
   snprintf(spare.name, sizeof spare.name, "sbz-%d-%d-%u", (int)engine, (int)getpid(), ++spare.n);
   pid_t pid = fork();
   if (pid == 0) {
@@ -181,7 +201,9 @@ static int spare_ready(void) {
   return spare.sock >= 0;
 }
 
-/* Waits for the spare's TAKEN: it holds its own copy of the request. */
+/* Waits for the spare's TAKEN: 0 when it holds its own copy of the request;
+ * 1 when it is gone without taking it (its end closed, and the maker's long
+ * before: nothing holds the supervisor socket); -1 on silence or nonsense. */
 static int spare_taken(void) {
   sb_msg m;
   int fds[3], nfds = 0;
@@ -190,6 +212,7 @@ static int spare_taken(void) {
   do rc = poll(&pf, 1, ACK_TIMEOUT_MS); while (rc < 0 && errno == EINTR);
   ssize_t n = rc > 0 ? eng_sb_recv(spare.sock, &m, NULL, 0, fds, &nfds) : -1;
   for (int i = 0; i < nfds; i++) close(fds[i]);
+  if (n == 0) return 1;
   return n > 0 && m.op == SPARE_TAKEN ? 0 : -1;
 }
 
@@ -206,10 +229,12 @@ pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name,
     spare_drop();
     return 0;
   }
-  if (spare_taken() < 0) {         /* it may hold sock: no second pid 1 on it */
+  int taken = spare_taken();
+  if (taken != 0) {
     spare.failures++;
     spare_drop();
-    errno = EIO;
+    if (taken > 0) return 0;       /* gone without it: clone as usual */
+    errno = EIO;                   /* it may hold sock: no second pid 1 on it */
     return -1;
   }
   pid_t pid = spare.pid;

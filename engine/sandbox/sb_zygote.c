@@ -18,10 +18,12 @@
  * blocks on a cgroup move: pid 1 is born in the spare's groups, or makes and
  * joins its own.
  *
- * Lifetimes: the zygote dies with the engine (PR_SET_PDEATHSIG), and each
- * supervisor with the zygote. The zygote reaps its children (SA_NOCLDWAIT),
- * so the engine watches a supervisor through its pidfd, not ev_child. A
- * zygote that dies or hangs (5 s) is killed and started again.
+ * Lifetimes: the zygote dies with the engine (PR_SET_PDEATHSIG); each
+ * supervisor lives as long as the engine's end of its socket, so a zygote
+ * that dies or hangs (5 s) is killed and started again without taking any
+ * box with it. The zygote reaps its children (SA_NOCLDWAIT), so the engine
+ * watches a supervisor through its pidfd, not ev_child, and the zygote
+ * itself through a pidfd (libev's default loop reaps any child).
  */
 #include "sandbox.h"
 
@@ -36,7 +38,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #ifndef CLONE_PIDFD
@@ -49,11 +51,12 @@
 
 static struct {
   pid_t pid;                   /* 0 = not running */
+  int pidfd;                   /* signals it, whoever reaps it; -1 = none */
   int sock;                    /* the engine's end; -1 = none */
   uint32_t seq;
   sb_config *cfg;              /* MAP_SHARED memfd: the request's config */
   int cfg_fd;
-} z = {0, -1, 0, NULL, -1};
+} z = {0, -1, -1, 0, NULL, -1};
 
 /* ---- the zygote ---------------------------------------------------------------- */
 
@@ -91,6 +94,9 @@ static void zygote_init(int fd, pid_t engine) {
   sigprocmask(SIG_SETMASK, &none, NULL);
   if (fd > 0) close_range(0, (unsigned)fd - 1, 0);
   close_range((unsigned)fd + 1, ~0U, 0);
+  int null;                         /* no socket may land on 0-2 */
+  while ((null = open("/dev/null", O_RDWR)) >= 0 && null < 3) {}
+  if (null > 2) close(null);
 }
 
 /* The zygote's loop: one request, one reply, until the engine's end closes. */
@@ -131,9 +137,14 @@ static const char *helper_path(void) {
 static int request_area(void) {
   if (z.cfg) return 0;
   z.cfg_fd = memfd_create("engine-sandbox-config", MFD_CLOEXEC);
-  if (z.cfg_fd < 0 || ftruncate(z.cfg_fd, sizeof *z.cfg) < 0) return -1;
-  void *p = mmap(NULL, sizeof *z.cfg, PROT_READ | PROT_WRITE, MAP_SHARED, z.cfg_fd, 0);
-  if (p == MAP_FAILED) return -1;
+  void *p = MAP_FAILED;
+  if (z.cfg_fd >= 0 && ftruncate(z.cfg_fd, sizeof *z.cfg) == 0)
+    p = mmap(NULL, sizeof *z.cfg, PROT_READ | PROT_WRITE, MAP_SHARED, z.cfg_fd, 0);
+  if (p == MAP_FAILED) {
+    if (z.cfg_fd >= 0) close(z.cfg_fd);
+    z.cfg_fd = -1;
+    return -1;
+  }
   z.cfg = p;
   return 0;
 }
@@ -160,6 +171,7 @@ static int zygote_start(char *err, size_t errlen) {
     return -1;
   }
   snprintf(engine, sizeof engine, "%d", (int)getpid());
+  if (z.seq) eng_sb_cgroup_sweep_spares(getpid(), 0);   /* a dead zygote's spare */
   if (request_area() < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
     snprintf(err, errlen, "cannot start the sandbox helper (%s)", strerror(errno));
     return -1;
@@ -174,17 +186,26 @@ static int zygote_start(char *err, size_t errlen) {
     return -1;
   }
   z.pid = pid;
+  z.pidfd = (int)syscall(SYS_pidfd_open, pid, 0);   /* before the loop can reap it */
   z.sock = sv[0];
   return 0;
 }
 
-/* Gives up on the zygote: SIGKILL takes with it any supervisor it cloned for
- * the unanswered request (PR_SET_PDEATHSIG), and libev reaps it. */
+static void zygote_kill(void) {
+  if (z.pidfd >= 0) {
+    syscall(SYS_pidfd_send_signal, z.pidfd, SIGKILL, NULL, 0);
+    close(z.pidfd);
+  }
+  z.pidfd = -1;
+  z.pid = 0;
+}
+
+/* Gives up on the zygote (libev reaps it). A supervisor it cloned for the
+ * unanswered request exits when the caller closes its socket's other end. */
 static pid_t zygote_lost(void) {
-  if (z.pid > 0) kill(z.pid, SIGKILL);
+  zygote_kill();
   if (z.sock >= 0) close(z.sock);
   z.sock = -1;
-  z.pid = 0;
   return GONE;
 }
 
@@ -196,7 +217,8 @@ static int zygote_reply(uint32_t seq, sb_msg *r, int *fds, int *nfds, char *name
   int rc;
   ssize_t n;
   do rc = poll(&pf, 1, REPLY_TIMEOUT_MS); while (rc < 0 && errno == EINTR);
-  if (rc <= 0 || (n = eng_sb_recv(z.sock, r, payload, sizeof payload - 1, fds, nfds)) <= 0) return -1;
+  if (rc <= 0) return -1;
+  if ((n = eng_sb_recv(z.sock, r, payload, sizeof payload - 1, fds, nfds)) <= 0) return -1;
   payload[n - 1] = 0;     /* eng_sb_recv counts the header as one byte */
   snprintf(name, len, "%s", payload);
   if (r->seq == seq && r->op == ZYGOTE_SPAWN) return 0;
@@ -211,7 +233,8 @@ static pid_t zygote_spawn(const sb_config *cfg, int sock, int *pidfd, char *name
   int fds[3] = {sock, -1, -1}, nfds;
   sb_msg m = {ZYGOTE_SPAWN, ++z.seq, 0, 0, 0}, r;
   eng_sb_cfg_copy(z.cfg, cfg);
-  if (eng_sb_send(z.sock, &m, NULL, 0, fds, 1) < 0 || zygote_reply(m.seq, &r, fds, &nfds, name, len) < 0)
+  if (eng_sb_send(z.sock, &m, NULL, 0, fds, 1) < 0 ||
+      zygote_reply(m.seq, &r, fds, &nfds, name, len) < 0)
     return zygote_lost();
   if (r.a < 0) {
     for (int i = 0; i < nfds; i++) close(fds[i]);
@@ -248,10 +271,11 @@ pid_t eng_sb_spawn(const sb_config *cfg, int *sock, int *pidfd, char *cgname,
 }
 
 void eng_sb_zygote_stop(void) {
-  if (z.pid > 0) {
-    kill(z.pid, SIGKILL);
-    waitpid(z.pid, NULL, 0);
+  if (z.pidfd >= 0) {
+    struct pollfd pf = {z.pidfd, POLLIN, 0};
+    syscall(SYS_pidfd_send_signal, z.pidfd, SIGKILL, NULL, 0);
+    poll(&pf, 1, 1000);            /* readable once it has exited */
   }
-  z.pid = 0;
-  eng_sb_cgroup_sweep_spares(getpid());
+  zygote_kill();
+  eng_sb_cgroup_sweep_spares(getpid(), 1);
 }
