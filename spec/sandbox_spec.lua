@@ -553,6 +553,20 @@ describe("engine.sandbox", function()
       assert.equal(b.id .. "\n/work/b\nclean\nno-srv\nno-a\n1\n", r.stdout)
     end)
 
+    it("hides what appears on the host after the next box's root was built ahead", function()
+      for _, spec in ipairs({ {}, { hide = { "/opt" } } }) do
+        local a = assert(sandbox.new(spec))
+        a:stop()
+        engine.sleep(0.1)                  -- the spare is ready, built from the host as it was
+        local top = "/engine-spec-" .. UNIQ .. (spec.hide and "h" or "s")
+        assert(os.execute("mkdir " .. top .. " && echo secret > " .. top .. "/key"))
+        local b <close> = assert(sandbox.new(spec))
+        local r = b:exec("cat " .. top .. "/key 2>&1 || echo hidden")
+        os.execute("rm -rf " .. top)
+        assert.matches("hidden\n$", r.stdout)
+      end
+    end)
+
     it("clones pid 1 from the small zygote, not from the engine", function()
       local pid = sb._box:info().pid
       assert.equal("engine-zygote\n", read_host("/proc/" .. pid .. "/comm"))
