@@ -67,12 +67,17 @@ const char *eng_sb_cgroup_base(int which) {
   return bases[which];
 }
 
-/* Under v2, lets engine/<id> use the controllers (root and engine/). */
+/* Under v2, lets engine/<id> use the controllers (root and engine/), one
+ * by one: a controller the kernel refuses (cpu with realtime threads
+ * about) must not keep the others off. */
 static void v2_delegate(void) {
+  static const char *controllers[] = {"+memory", "+pids", "+cpu"};
   static int done;
   if (done++) return;
-  write_file(V2_ROOT, "cgroup.subtree_control", "+memory +pids +cpu");
-  write_file(V2_ROOT "/engine", "cgroup.subtree_control", "+memory +pids +cpu");
+  for (int i = 0; i < 3; i++) {
+    write_file(V2_ROOT, "cgroup.subtree_control", controllers[i]);
+    write_file(V2_ROOT "/engine", "cgroup.subtree_control", controllers[i]);
+  }
 }
 
 int eng_sb_cgroup_plan(sb_cgroup *cg, const char *id, long long memory,
