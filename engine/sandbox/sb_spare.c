@@ -7,9 +7,10 @@
  * cgroup v2 waits out an RCU grace period, 7-15 ms on an idle host). So
  * the zygote keeps one spare: a pid 1 already cloned into new mount, pid,
  * uts, ipc and network namespaces (lo up), inside empty groups of its own
- * (engine/sbz-<engine>-<zygote>-<n>), and, when the last request had no
- * bind mounts nor upper_dir, with that request's root already built
- * (overlay, pivot_root, /dev, /proc: ~0.7 ms more), waiting. For a box with
+ * (engine/sbz-<engine>-<zygote>-<n>), and, when the last request may be
+ * built ahead (eng_sb_same_root: no bind mounts, no upper_dir, the host
+ * only under the engine's shared mask), with that request's root already
+ * built (overlay, pivot_root, /dev, /proc: ~0.7 ms more), waiting. For a box with
  * network "none", no cpu quota and the same root, the zygote hands it the
  * request: the spare copies the config, acknowledges, writes the box's
  * limits into its groups and finishes as any pid 1 (workdir, hostname,
@@ -20,8 +21,10 @@
  * A spare serves one box and is never reused: each box gets namespaces and
  * groups nobody ran in. A forked maker clones it (CLONE_PARENT, so it is
  * the zygote's child like every pid 1) and hands its pidfd to the zygote.
- * It dies with the zygote (PR_SET_PDEATHSIG); the engine removes an unused
- * spare's groups when it exits, `engine gc` after a crash.
+ * Until it takes a request it dies with the zygote (PR_SET_PDEATHSIG); one
+ * that will serve no box removes its own groups; the engine sweeps what a
+ * dead zygote's spare left when it starts the next zygote and when it
+ * exits, `engine gc` after a crash.
  */
 #include "sandbox.h"
 
