@@ -425,9 +425,9 @@ describe("engine.sandbox", function()
       assert.equal("ok\n", lb:exec("echo ok").stdout)
     end)
 
-    -- pid 1 is a copy of the engine: its resident size is the engine's. An
-    -- OOM kill must still pick the command, never pid 1 (which the kernel
-    -- would prefer once the engine is bigger than the limit).
+    -- pid 1 was once a copy of the engine, with the engine's resident size:
+    -- the kernel then OOM-killed pid 1 once the engine outgrew the limit. An
+    -- OOM kill must pick the command, never pid 1, whatever the engine's size.
     it("never OOM-kills pid 1, even when the engine is big", function()
       local ballast = {}
       for i = 1, 1600 do ballast[i] = string.rep(string.char(i % 250), 100000) end
@@ -530,7 +530,7 @@ describe("engine.sandbox", function()
 
     it("starts pid 1 inside the box's cgroups with its limits, and every command with it", function()
       -- network none without cpus: born in the zygote's spare groups (sbz-...);
-      -- with cpus or the host network: its own groups (sb-...), joined alongside setup
+      -- with cpus or the host network: its own groups (sb-...), joined before setup
       for _, case in ipairs({ { spec = {}, spare = true }, { spec = { cpus = 0.5 } },
                               { spec = { network = "host" } } }) do
         case.spec.memory, case.spec.pids = "64M", 50
