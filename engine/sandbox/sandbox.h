@@ -91,8 +91,8 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen);
 int eng_sb_setup_root(const sb_config *cfg, int *trees, char *msg, size_t msglen);
 int eng_sb_setup_finish(const sb_config *cfg, int *trees, char *msg, size_t msglen);
 /* 1 when a root built by eng_sb_setup_root(a) is the one b asks for, and
- * both may be built ahead: no bind mounts, no upper_dir, and the host (if a
- * layer) masked by the engine's shared, revalidated mask. */
+ * both may be built ahead: the host image under the engine's shared,
+ * revalidated mask, with no bind mounts and no upper_dir. */
 int eng_sb_same_root(const sb_config *a, const sb_config *b);
 /* The engine's shared host mask layer, (re)built when the host's top
  * directories change; NULL if it cannot be built. */

@@ -522,28 +522,19 @@ int eng_sb_setup(const sb_config *cfg, char *msg, size_t msglen) {
   return e ? e : eng_sb_setup_finish(cfg, trees, msg, msglen);
 }
 
-static int same_list(char (*a)[PATH_MAX], char (*b)[PATH_MAX], int n) {
-  for (int i = 0; i < n; i++) if (strcmp(a[i], b[i])) return 0;
-  return 1;
-}
-
-/* A root that shows the live host (a "host" layer) must use the engine's
- * shared mask, which the engine revalidates at every request (a new mask
- * has a new path): a mask built in the spare's own tmpfs (hide lists) would
- * miss what appears on the host while the spare waits. */
+/* Only the host image is built ahead, and only under the engine's shared
+ * mask, which the engine revalidates at every request (a new mask has a new
+ * path): a mask built in the spare's own tmpfs (hide lists) would miss what
+ * appears on the host while the spare waits, and image layers could be
+ * pruned and rebuilt at the same path while the spare pins the old ones. */
 static int buildable_ahead(const sb_config *c) {
-  if (c->nmounts || *c->upper_dir) return 0;
-  for (int i = 0; i < c->nlayers; i++)
-    if (!strcmp(c->layers[i], "host") && (!*c->mask || c->nhide)) return 0;
-  return 1;
+  return c->nlayers == 1 && !strcmp(c->layers[0], "host") && *c->mask && !c->nhide &&
+         !c->nmounts && !*c->upper_dir;
 }
 
 int eng_sb_same_root(const sb_config *a, const sb_config *b) {
-  return buildable_ahead(a) && buildable_ahead(b) &&
-         a->disk == b->disk && a->nlayers == b->nlayers && a->nhide == b->nhide &&
-         !strcmp(a->mnt, b->mnt) && !strcmp(a->mask, b->mask) &&
-         same_list((char (*)[PATH_MAX])a->layers, (char (*)[PATH_MAX])b->layers, a->nlayers) &&
-         same_list((char (*)[PATH_MAX])a->hide, (char (*)[PATH_MAX])b->hide, a->nhide);
+  return buildable_ahead(a) && buildable_ahead(b) && a->disk == b->disk &&
+         !strcmp(a->mnt, b->mnt) && !strcmp(a->mask, b->mask);
 }
 
 /* ---- seccomp ---------------------------------------------------------------- */

@@ -8,8 +8,8 @@
  * the zygote keeps one spare: a pid 1 already cloned into new mount, pid,
  * uts, ipc and network namespaces (lo up), inside empty groups of its own
  * (engine/sbz-<engine>-<zygote>-<n>), and, when the last request may be
- * built ahead (eng_sb_same_root: no bind mounts, no upper_dir, the host
- * only under the engine's shared mask), with that request's root already
+ * built ahead (eng_sb_same_root: the host image under the engine's shared
+ * mask, no bind mounts, no upper_dir), with that request's root already
  * built (overlay, pivot_root, /dev, /proc: ~0.7 ms more), waiting. For a box with
  * network "none", no cpu quota and the same root, the zygote hands it the
  * request: the spare copies the config, acknowledges, writes the box's
