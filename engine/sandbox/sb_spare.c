@@ -104,6 +104,9 @@ static int spare_main(void *arg) {
   /* getppid() is 0 in a new pid namespace: the zygote's end tells instead */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || (poll(&pf, 1, 0) > 0 && (pf.revents & POLLHUP)))
     _exit(1);
+  /* keep none of the zygote's descriptors (its socket to the engine above all) */
+  if (sock > 3) close_range(3, (unsigned)sock - 1, 0);
+  close_range((unsigned)sock + 1, ~0U, 0);
   if (eng_sb_cgroup_plan(&cg, spare.name, 0, 0, 0, msg, sizeof msg) < 0 ||
       eng_sb_cgroup_dirs(&cg, dirs) < 0)
     _exit(1);
