@@ -761,17 +761,18 @@ static void lock_release(file_lock *k) {
   k->fd = -1;
 }
 
-/* archive.try_lock(path) -> lock | nil, "busy" | nil, err
- * An exclusive flock() on path (created if missing), never waiting. Locks
- * from two opens conflict even inside one process. */
+/* archive.try_lock(path [, "shared"]) -> lock | nil, "busy" | nil, err
+ * An exclusive (or shared) flock() on path (created if missing), never
+ * waiting. Locks from two opens conflict even inside one process. */
 static int l_try_lock(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
+  int how = strcmp(luaL_optstring(L, 2, "exclusive"), "shared") == 0 ? LOCK_SH : LOCK_EX;
   file_lock *k = lua_newuserdatauv(L, sizeof *k, 0);
   k->fd = -1;
   luaL_setmetatable(L, LOCK_MT);
   k->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (k->fd < 0) return fail_errno(L, path);
-  if (flock(k->fd, LOCK_EX | LOCK_NB) < 0) {
+  if (flock(k->fd, how | LOCK_NB) < 0) {
     int busy = errno == EWOULDBLOCK;
     lock_release(k);
     return busy ? eng_fail(L, "busy") : fail_errno(L, path);

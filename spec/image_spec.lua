@@ -678,6 +678,32 @@ describe("engine images", function()
     assert.equal(0, #store:layer_keys())
     assert.equal(2, run_cmd({ "prune", "--bogus" }))
   end)
+
+  it("prunes no layer a live sandbox or a build in progress holds", function()
+    local ctx = context_copy()
+    local df = ctx .. "/Dockerfile.h"
+    write(df, "FROM host\nCOPY conf/a.conf /a\n")
+    local r = assert(build(df, ctx))
+    local sb = assert(require("engine.sandbox").new { image = { layers = r.layers, config = r.config } })
+    assert.equal(0, store:prune({ all = true }).layers)   -- the record goes, the layer stays
+    assert.equal(1, #store:layer_keys())
+    assert.equal("a\n", sb:exec("cat /a").stdout)
+    sb:stop()
+    assert.equal(1, store:prune({ all = true }).layers)
+    assert.equal(0, #store:layer_keys())
+    -- a build holds each layer it made until its image is recorded
+    local key = string.rep("b", 64)
+    local fs, hit, hold = store:ensure(key, function(dir) assert(archive.mkdir(dir, 493)) return {} end)
+    assert.truthy(fs)
+    assert.is_false(hit)
+    assert.equal(0, store:prune().layers)
+    hold:release()
+    assert.equal(1, store:prune().layers)
+    -- a sandbox asked for a layer pruned meanwhile says so
+    local none, err = require("engine.sandbox").new { image = { layers = { fs, "host" }, config = {} } }
+    assert.is_nil(none)
+    assert.matches("sandbox image: layer " .. key .. " was pruned", err, 1, true)
+  end)
 end)
 
 describe("sandboxes on images", function()

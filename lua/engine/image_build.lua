@@ -355,12 +355,13 @@ end
 -- Makes (or finds) the layer for key with make(fs); pushes it on the stack.
 function Build:layer(ins, key, make)
   local t0 = engine.monotonic()
-  local fs, hit = self.store:ensure(key, function(fs)
+  local fs, hit, hold = self.store:ensure(key, function(fs)
     self:go_live()
     make(fs)
     return { created_by = ins.text, parent = self.keys[1] }
   end, self.timeout)
   if not fs then self:fail(ins, "%s", hit or "layer failed") end
+  self.holds[#self.holds + 1] = hold   -- kept from prune until the image is recorded
   table.insert(self.layers, 1, fs)
   table.insert(self.keys, 1, key)
   self.key = key
@@ -681,7 +682,9 @@ function M.build(store, img, spec)
     build_args = img.args or {}, args = {}, global_args = {}, quiet = quiet,
     network = img.network or "host", timeout = img.timeout, made = 0, filtered = {},
     stages = {}, stage_list = {}, stage_keys = {}, buffered = {}, progress_fn = img.progress,
+    holds = require("engine.layers").hold_list(),
   }, Build)
+  local holds <close> = b.holds
   b.ignore, b.ignore_keep = ignore.load(context)
   local ok, err = pcall(b.run, b, parsed.instructions)
   if b.heredoc_dir then archive.remove(b.heredoc_dir) end

@@ -65,13 +65,14 @@ local function engine_config(cfg)
   return out
 end
 
--- Applies the layer files in order; returns keys (top first) or nil, err.
-local function apply_layers(store, name, files, ids)
+-- Applies the layer files in order, keeping a hold on each in holds;
+-- returns keys (top first) or nil, err.
+local function apply_layers(store, name, files, ids, holds)
   local keys, parent = {}, archive.sha256("import")
   for i, file in ipairs(files) do
     local id = ids[i] or ("sha256:" .. assert(archive.digest_file(file)))
     local key = archive.sha256(parent .. "\n" .. id)
-    local fs, err = store:ensure(key, function(dir)
+    local fs, err, hold = store:ensure(key, function(dir)
       if os.getenv("ENGINE_IMAGE_QUIET") ~= "1" then
         io.stderr:write(string.format("[image] %s: layer %d/%d\n", name, i, #files))
       end
@@ -80,6 +81,7 @@ local function apply_layers(store, name, files, ids)
       return { created_by = "import " .. name .. " layer " .. i, parent = parent, diff_id = id }
     end)
     if not fs then return nil, err end
+    holds[#holds + 1] = hold
     table.insert(keys, 1, key)
     parent = key
   end
@@ -102,7 +104,7 @@ local function result(store, rec)
 end
 
 -- Reads the unpacked outer archive in dir; returns keys, config or nil, err.
-local function import_dir(store, name, dir)
+local function import_dir(store, name, dir, holds)
   local cfg, files, digests
   if archive.stat(dir .. "/manifest.json") then cfg, files = docker_layout(dir)
   elseif archive.stat(dir .. "/index.json") then cfg, files, digests = oci_layout(dir)
@@ -112,7 +114,7 @@ local function import_dir(store, name, dir)
   for i, f in ipairs(files) do
     if not archive.stat(f) then return nil, name .. ": missing layer " .. i end
   end
-  local keys, err = apply_layers(store, name, files, diff_ids)
+  local keys, err = apply_layers(store, name, files, diff_ids, holds)
   if not keys then return nil, err end
   return keys, engine_config(cfg)
 end
@@ -130,10 +132,12 @@ function M.import(store, path)
   end
   local scratch, err = store:scratch()
   if not scratch then return nil, err end
+  -- the layers are kept from prune until the image is recorded
+  local holds <close> = layers.hold_list()
   local ok, keys, cfg = pcall(function()
     local n, xerr = archive.extract(real, scratch .. "/fs")
     if not n then return nil, path .. ": " .. tostring(xerr) end
-    return import_dir(store, name, scratch .. "/fs")
+    return import_dir(store, name, scratch .. "/fs", holds)
   end)
   archive.remove(scratch)
   if not ok then

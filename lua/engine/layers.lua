@@ -5,7 +5,10 @@
 --   ROOT/layers/KEY/meta.json   {key, parent, created_by, created, size}
 --   ROOT/images/ID.json         one built or imported image: name, layer
 --                               keys (top first), base, config, size, last_used
---   ROOT/locks/KEY.lock         flock() held while KEY is being made
+--   ROOT/locks/KEY.lock         flock(): exclusive while KEY is being made or
+--                               pruned, shared while a build or a live
+--                               sandbox uses it (prune skips what it cannot
+--                               lock exclusively)
 --   ROOT/tmp/                   layers being made; renamed into layers/ whole
 --
 -- ROOT is ENGINE_IMAGE_DIR, else ENGINE_STATE_DIR/images, else
@@ -95,14 +98,15 @@ function Store:commit(scratch, key, meta)
   return self:fs(key)
 end
 
--- Takes the build lock of key, polling without blocking the loop.
--- Returns the lock (release it, or let <close> do it) or nil, "timeout".
-function Store:lock(key, timeout)
+-- Takes key's lock (exclusive, or shared with mode "shared"), polling
+-- without blocking the loop. Returns the lock (release it, or let <close>
+-- do it) or nil, "timeout".
+function Store:lock(key, timeout, mode)
   local path = self.root .. "/locks/" .. key .. ".lock"
   local deadline = engine.monotonic() + (timeout or 3600)
   local pause = 0.01
   while true do
-    local lock, err = archive.try_lock(path)
+    local lock, err = archive.try_lock(path, mode)
     if lock then return lock end
     if err ~= "busy" then return nil, err end
     if engine.monotonic() >= deadline then return nil, "timeout" end
@@ -111,14 +115,39 @@ function Store:lock(key, timeout)
   end
 end
 
+-- A shared hold on an existing layer: while it is held, prune leaves the
+-- layer alone. Returns the hold, or nil, err when the layer is gone.
+function Store:hold(key, timeout)
+  local hold, err = self:lock(key, timeout, "shared")
+  if not hold then return nil, "layer " .. key .. ": " .. err end
+  if self:has(key) then return hold end
+  hold:release()
+  return nil, "layer " .. key .. " was pruned"
+end
+
 -- Returns the fs path of layer key, making it with make(fs_dir) -> meta
--- under the key's lock when it is missing. The second return value is
--- true on a cache hit (also when another process made it meanwhile).
+-- under the key's lock when it is missing, and a shared hold on it (the
+-- caller releases it once an image record or a sandbox keeps the layer).
+-- The second return value is true on a cache hit (also when another
+-- process made it meanwhile).
 function Store:ensure(key, make, timeout)
-  if self:has(key) then return self:fs(key), true end
+  for _ = 1, 3 do     -- a layer pruned between making and holding is made again
+    local hold = self:has(key) and self:hold(key, timeout)
+    if hold then return self:fs(key), true, hold end
+    local fs, made = self:make(key, make, timeout)
+    if not fs then return nil, made end
+    hold = self:hold(key, timeout)
+    if hold then return fs, made == "hit", hold end
+  end
+  return nil, "layer " .. key .. ": pruned while in use, three times"
+end
+
+-- Makes layer key under its exclusive lock unless it exists by then.
+-- Returns fs, "hit" | "made", or nil, err.
+function Store:make(key, make, timeout)
   local lock <close>, lerr = self:lock(key, timeout)
   if not lock then return nil, "layer lock: " .. tostring(lerr) end
-  if self:has(key) then return self:fs(key), true end
+  if self:has(key) then return self:fs(key), "hit" end
   local scratch, err = self:scratch()
   if not scratch then return nil, err end
   local ok, meta = pcall(make, scratch .. "/fs")
@@ -129,7 +158,7 @@ function Store:ensure(key, make, timeout)
   end
   local fs, cerr = self:commit(scratch, key, meta)
   if not fs then return nil, cerr end
-  return fs, false
+  return fs, "made"
 end
 
 -- ---- the images index ------------------------------------------------------
@@ -228,6 +257,29 @@ function Store:sweep_scratch(age)
     local st = archive.stat(self.root .. "/tmp/" .. n)
     if st and engine.now() - st.mtime >= age then archive.remove(self.root .. "/tmp/" .. n) end
   end
+end
+
+-- Releases (and forgets) every hold of a list.
+function M.release_all(list)
+  for i = #list, 1, -1 do
+    list[i]:release()
+    list[i] = nil
+  end
+end
+
+-- A list for holds, all released when it goes out of scope (<close>).
+local HOLD_LIST = { __close = M.release_all }
+function M.hold_list()
+  return setmetatable({}, HOLD_LIST)
+end
+
+-- A shared hold on the store layer at fs path ROOT/layers/KEY/fs, for a
+-- sandbox that uses it as a lower dir; nil when path is not a store layer;
+-- nil, err when it was pruned meanwhile.
+function M.hold_path(path, timeout)
+  local root, key = path:match("^(.*)/layers/([^/]+)/fs$")
+  if not root or not archive.stat(root .. "/locks") then return nil end
+  return setmetatable({ root = root }, Store):hold(key, timeout or 5)
 end
 
 return M

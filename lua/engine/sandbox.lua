@@ -12,6 +12,7 @@ local engine = require "engine"
 local core = require "engine.sandbox.core"
 local json = require "engine.json"
 local sync = require "engine.sync"
+local layer_store = require "engine.layers"
 
 local M = {}
 
@@ -186,10 +187,27 @@ end
 
 -- ---- creation ----------------------------------------------------------------------
 
+-- Shared holds on the image's store layers for the box's life: prune
+-- leaves a layer alone while any box uses it as a lower dir.
+local function hold_layers(layers)
+  local holds = {}
+  for _, path in ipairs(layers) do
+    local hold, err = layer_store.hold_path(path)
+    if err then
+      layer_store.release_all(holds)
+      return nil, "sandbox image: " .. err
+    end
+    holds[#holds + 1] = hold
+  end
+  return holds
+end
+
 -- sandbox.new(spec) -> sb | nil, err (see DESIGN.md for the spec's fields)
 function M.new(spec)
   local r, layers = resolve(spec)
   if not r then return nil, layers end
+  local holds, herr = hold_layers(layers)
+  if not holds then return nil, herr end
   local mounts = normalize_mounts(r.mounts)
   local dir = ensure_state_dir()
   local pid = core.getpid()
@@ -201,7 +219,10 @@ function M.new(spec)
     mounts = mounts, memory = r.memory, pids = r.pids, cpus = r.cpus,
     state_file = state_file,
   }
-  if not box then return nil, err end
+  if not box then
+    layer_store.release_all(holds)
+    return nil, err
+  end
   local info = box:info()
   local created = engine.now()
   local wok, werr = pcall(write_state, state_file, {
@@ -211,16 +232,18 @@ function M.new(spec)
   })
   if not wok then   -- the box is running already: it must not outlive this failure
     box:stop()
+    layer_store.release_all(holds)
     return nil, "sandbox state file: " .. tostring(werr):match("^[^\n]*")
   end
   local ok, ready, rerr = pcall(box.wait_ready, box, START_TIMEOUT)
   if not ok or not ready then
     box:stop()
+    layer_store.release_all(holds)
     if not ok then error(ready, 0) end
     return nil, "sandbox setup failed: " .. tostring(rerr)
   end
   local sb = setmetatable({
-    id = id, _box = box, _spec = r, _lock = nil,
+    id = id, _box = box, _spec = r, _lock = nil, _holds = holds,
     info = { provider = "local", image = r.image, spec = r, created_at = created,
              labels = r.labels, id = id },
     restricted = false,
@@ -466,7 +489,9 @@ end
 -- sb:stop(): idempotent, never raises or blocks; nothing of the sandbox
 -- remains once the kernel has reaped it (see sb_core.c).
 function Sandbox:stop()
-  if getmetatable(self) == Sandbox and self._box then self._box:stop() end
+  if getmetatable(self) ~= Sandbox then return end
+  if self._box then self._box:stop() end
+  if self._holds then layer_store.release_all(self._holds) end
 end
 
 -- sb:memory() -> bytes the sandbox's cgroup uses now
