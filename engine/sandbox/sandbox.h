@@ -141,8 +141,9 @@ void eng_sb_spare_event(void);         /* call when that fd is readable */
 pid_t eng_sb_spare_spawn(const sb_config *cfg, int sock, int *pidfd, char *name, size_t len);
 
 /* sb_zygote.c: starts pid 1 from cfg; returns its pid with *sock the
- * engine's end of its socket and *pidfd a pidfd for it (both close-on-exec),
- * or -1 with err set (one line). */
+ * engine's end of its socket and *pidfd a pidfd for it (both close-on-exec)
+ * and cgname the spare's cgroup name when a spare served it ("" when pid 1
+ * made the groups named by cfg->id), or -1 with err set (one line). */
 pid_t eng_sb_spawn(const sb_config *cfg, int *sock, int *pidfd, char *cgname,
                   size_t cgnamelen, char *err, size_t errlen);
 /* At the engine's exit: stops the zygote and removes its spare's groups. */
